@@ -1,0 +1,176 @@
+"""The timer wheel's Cassandra backend: timers, shard leases with fencing epochs, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cassandra.cluster import Session
+
+from bucketer.cql import Queries, aexecute, first, execute_conditional, write_grouped
+from bucketer.keys import minute_bucket
+from bucketer.model import Checkpoint, ShardLease, Timer
+
+logger = logging.getLogger(__name__)
+
+_EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
+# Timers stay readable this long after they were due (for audits and late scans).
+TIMER_RETENTION = timedelta(days=2)
+# Cassandra refuses TTLs above 20 years.
+_MAX_TTL = 630_720_000
+
+
+class LostOwnership(Exception):
+    """A fenced write was refused: another owner claimed the shard (its epoch moved on)."""
+
+    def __init__(self, shard: int, epoch: int, current: object) -> None:
+        super().__init__(f"shard {shard}: epoch {epoch} is no longer current ({current})")
+        self.shard = shard
+        self.epoch = epoch
+
+
+class CassandraTimerStore:
+    """Timers in (minute_bucket, shard) partitions, and the shards' leases and checkpoints."""
+
+    def __init__(self, session: Session, *, shard_count: int) -> None:
+        self._session = session
+        self._q = Queries(session, Path(__file__).with_name("queries.cql"))
+        self.shard_count = shard_count
+
+    # Timers -------------------------------------------------------------------------------
+
+    async def put(self, timers: Iterable[Timer], *, now: datetime | None = None) -> None:
+        """Writes timers grouped by partition. A fire time in the past is moved to ``now``:
+        a partition behind the scanners' checkpoint would never be read again.
+        """
+        now = now or datetime.now(UTC)
+        items = []
+        for t in timers:
+            fire = max(t.fire_time, now)
+            ttl = int((fire - now + TIMER_RETENTION).total_seconds())
+            bucket = minute_bucket(fire)
+            items.append(
+                (
+                    (bucket, t.shard),
+                    self._q["put_timer"],
+                    (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, min(ttl, _MAX_TTL)),
+                )
+            )
+        await write_grouped(self._session, items)
+
+    async def scan(
+        self,
+        *,
+        shard: int,
+        bucket: int,
+        after: tuple[datetime, str],
+        until: datetime,
+        limit: int,
+    ) -> list[Timer]:
+        """Timers of (bucket, shard) strictly after ``after`` in clustering order and due by
+        ``until``, oldest first, at most ``limit``."""
+        rows = await aexecute(
+            self._session,
+            self._q["scan_timers"],
+            (bucket, shard, after[0], after[1], until, limit),
+        )
+        return [Timer.from_row(r, shard=shard) for r in rows]
+
+    # Leases -------------------------------------------------------------------------------
+
+    async def init_shards(self, first_bucket: int) -> None:
+        """Creates each shard's lease row once (epoch 0); later calls change nothing."""
+        for shard in range(self.shard_count):
+            await aexecute(self._session, self._q["init_lease"], (shard, first_bucket - 1))
+
+    async def read_lease(self, shard: int) -> ShardLease:
+        rows = await aexecute(self._session, self._q["read_lease"], (shard,))
+        return ShardLease.from_row(shard, first(rows))
+
+    async def claim(
+        self, lease: ShardLease, *, owner: str, lease_expires: datetime
+    ) -> ShardLease | None:
+        """Takes the shard by bumping its epoch, if nobody changed it since ``lease`` was read.
+
+        One LWT per ownership change; every later progress write is fenced by the new epoch.
+        """
+        applied, _ = await execute_conditional(
+            self._session,
+            self._q["claim_shard"],
+            (lease.epoch + 1, owner, lease_expires, lease.shard, lease.epoch),
+        )
+        if not applied:
+            return None
+        return ShardLease(
+            shard=lease.shard,
+            epoch=lease.epoch + 1,
+            owner=owner,
+            lease_expires=lease_expires,
+            done_through=lease.done_through,
+        )
+
+    async def renew(self, shard: int, epoch: int, lease_expires: datetime) -> None:
+        """Extends the lease; raises LostOwnership if the epoch moved on."""
+        await self._fenced("renew_lease", shard, epoch, (lease_expires, shard, epoch))
+
+    async def release(self, shard: int, epoch: int) -> None:
+        """Gives the shard up so a peer can claim it at once; raises LostOwnership if not ours."""
+        await self._fenced("release_shard", shard, epoch, (shard, epoch))
+
+    # Progress -----------------------------------------------------------------------------
+
+    async def read_checkpoints(self, shard: int, after_bucket: int) -> dict[int, Checkpoint]:
+        """Checkpoints of the shard's buckets later than ``after_bucket``."""
+        rows = await aexecute(self._session, self._q["read_checkpoints"], (shard, after_bucket))
+        out: dict[int, Checkpoint] = {}
+        for r in rows:
+            if r.checkpoint_time is None:
+                continue
+            t = r.checkpoint_time
+            out[r.minute_bucket] = Checkpoint(
+                bucket=r.minute_bucket,
+                fire_time=t if t.tzinfo else t.replace(tzinfo=UTC),
+                timer_id=r.checkpoint_id or "",
+            )
+        return out
+
+    async def advance_checkpoint(self, shard: int, epoch: int, checkpoint: Checkpoint) -> None:
+        """Records progress in one partition, fenced by ``epoch``."""
+        await self._fenced(
+            "advance_checkpoint",
+            shard,
+            epoch,
+            (checkpoint.fire_time, checkpoint.timer_id, shard, checkpoint.bucket, epoch),
+        )
+
+    async def finish_through(self, shard: int, epoch: int, bucket: int) -> None:
+        """Marks every bucket up to ``bucket`` fully fired, fenced by ``epoch``."""
+        await self._fenced("finish_through", shard, epoch, (bucket, shard, epoch))
+
+    async def _fenced(self, query: str, shard: int, epoch: int, params: Sequence[object]) -> None:
+        applied, current = await execute_conditional(self._session, self._q[query], params)
+        if not applied:
+            raise LostOwnership(shard, epoch, current.get("epoch"))
+
+    # Membership ---------------------------------------------------------------------------
+
+    async def heartbeat_member(self, group: str, instance: str, ttl: int) -> None:
+        await aexecute(
+            self._session,
+            self._q["heartbeat_member"],
+            (group, instance, datetime.now(UTC), ttl),
+        )
+
+    async def leave_group(self, group: str, instance: str) -> None:
+        await aexecute(self._session, self._q["leave_group"], (group, instance))
+
+    async def members(self, group: str) -> list[str]:
+        rows = await aexecute(self._session, self._q["list_members"], (group,))
+        return sorted(r.instance for r in rows)
+
+
+def epoch_start() -> datetime:
+    """The smallest instant a checkpoint can hold (the start of a never-read partition)."""
+    return _EPOCH_START

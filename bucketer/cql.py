@@ -1,0 +1,175 @@
+"""Cassandra plumbing shared by the stores: named queries, asyncio bridging, grouped writes.
+
+Queries live in ``*.cql`` files as named blocks (``-- name: put_timer``), parsed once and
+prepared by name, so a store reads as a list of named queries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
+
+logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^--\s*name:\s*(?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+# Rows per unlogged batch: large enough to amortize the request, small enough to stay well
+# under batch_size_fail_threshold with typical timer and run rows.
+BATCH_ROWS = 100
+
+
+class StorageUnavailable(Exception):
+    """Cassandra could not be reached or did not answer."""
+
+
+def parse_named_queries(text: str) -> dict[str, str]:
+    """Splits a ``.cql`` file into ``{name: statement}`` by its ``-- name:`` markers."""
+    matches = list(_NAME.finditer(text))
+    queries: dict[str, str] = {}
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        body = "\n".join(
+            line for line in text[m.end() : end].splitlines() if not line.strip().startswith("--")
+        ).strip()
+        body = body.rstrip(";").strip()
+        if not body:
+            raise ValueError(f"query {m['name']!r} is empty")
+        if m["name"] in queries:
+            raise ValueError(f"query {m['name']!r} is defined twice")
+        queries[m["name"]] = body
+    return queries
+
+
+class Queries:
+    """Named statements of one ``.cql`` file, prepared once against a session."""
+
+    def __init__(self, session: Session, path: Path) -> None:
+        self._statements: dict[str, PreparedStatement] = {}
+        for name, cql in parse_named_queries(path.read_text()).items():
+            self._statements[name] = session.prepare(cql)
+
+    def __getitem__(self, name: str) -> PreparedStatement:
+        return self._statements[name]
+
+
+def connect(hosts: Sequence[str], port: int, keyspace: str | None = None) -> Session:
+    """Opens a token-aware session; raises StorageUnavailable with how to start Cassandra."""
+    cluster = Cluster(
+        contact_points=list(hosts),
+        port=port,
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        protocol_version=5,
+        connect_timeout=10,
+    )
+    try:
+        session = cluster.connect(keyspace)
+    except Exception as e:
+        cluster.shutdown()
+        raise StorageUnavailable(
+            f"cannot reach Cassandra at {','.join(hosts)}:{port} ({e}); start the local one "
+            "with `cronscale local up` (or `make dev`), or set CRONSCALE_CASSANDRA_HOSTS"
+        ) from e
+    session.default_consistency_level = ConsistencyLevel.LOCAL_QUORUM
+    session.default_serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
+    session.default_timeout = 10.0
+    return session
+
+
+def first(rows: Sequence[Any]) -> Any:
+    """The first row of a result, or None."""
+    return rows[0] if rows else None
+
+
+async def aexecute(
+    session: Session, statement: Any, params: Sequence[Any] | None = None
+) -> list[Any]:
+    """Runs a statement without blocking the event loop; returns the first page of rows."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[list[Any]] = loop.create_future()
+    rf: ResponseFuture = session.execute_async(statement, params)
+
+    def _ok(rows: Any) -> None:
+        loop.call_soon_threadsafe(_set, rows, None)
+
+    def _err(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_set, None, exc)
+
+    def _set(rows: Any, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(rows if rows is not None else [])
+
+    rf.add_callbacks(_ok, _err)
+    return await fut
+
+
+async def execute_conditional(
+    session: Session, statement: Any, params: Sequence[Any] | None = None
+) -> tuple[bool, dict[str, Any]]:
+    """Runs an LWT; returns (applied, the current values Cassandra returned when not applied)."""
+    rows = await aexecute(session, statement, params)
+    row = first(rows)
+    if row is None:
+        return True, {}
+    data = row._asdict() if hasattr(row, "_asdict") else dict(row)
+    applied = bool(data.pop("[applied]", True))
+    return applied, data
+
+
+def partition_groups(
+    items: Iterable[tuple[Any, PreparedStatement, Sequence[Any]]],
+) -> dict[Any, list[tuple[PreparedStatement, Sequence[Any]]]]:
+    """Groups (partition_key, statement, params) triples by partition key, keeping order."""
+    groups: dict[Any, list[tuple[PreparedStatement, Sequence[Any]]]] = {}
+    for key, stmt, params in items:
+        groups.setdefault(key, []).append((stmt, params))
+    return groups
+
+
+async def write_grouped(
+    session: Session,
+    items: Iterable[tuple[Any, PreparedStatement, Sequence[Any]]],
+    *,
+    in_flight: int = 16,
+) -> None:
+    """Writes rows as unlogged batches, one partition per batch, ``in_flight`` batches at once.
+
+    Single-partition unlogged batches are applied atomically by the replica and cost one request
+    for up to BATCH_ROWS rows; this is how every per-firing write leaves the process.
+    """
+    batches: list[BatchStatement] = []
+    for group in partition_groups(items).values():
+        for start in range(0, len(group), BATCH_ROWS):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for stmt, params in group[start : start + BATCH_ROWS]:
+                batch.add(stmt, params)
+            batches.append(batch)
+    await run_bounded(session, batches, in_flight=in_flight)
+
+
+async def run_bounded(session: Session, statements: Sequence[Any], *, in_flight: int) -> None:
+    """Executes prepared statements or batches with at most ``in_flight`` outstanding."""
+    if not statements:
+        return
+    if len(statements) == 1:
+        await aexecute(session, statements[0])
+        return
+    sem = asyncio.Semaphore(in_flight)
+
+    async def one(stmt: Any) -> None:
+        async with sem:
+            await aexecute(session, stmt)
+
+    await asyncio.gather(*(one(s) for s in statements))

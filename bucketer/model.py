@@ -1,0 +1,83 @@
+"""Value objects of the timer wheel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bucketer.keys import minute_bucket
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timer:
+    """A durable timer: fires at ``fire_time``; ``kind``, ``key`` and ``data`` are the caller's.
+
+    ``timer_id`` is unique within (fire_time, shard); putting the same (fire_time, timer_id)
+    again overwrites it, which makes putting idempotent.
+    """
+
+    fire_time: datetime
+    timer_id: str
+    shard: int
+    kind: str
+    key: str
+    data: bytes = b""
+
+    @property
+    def bucket(self) -> int:
+        return minute_bucket(self.fire_time)
+
+    @property
+    def position(self) -> tuple[datetime, str]:
+        """The timer's place in its partition's clustering order."""
+        return (self.fire_time, self.timer_id)
+
+    @classmethod
+    def from_row(cls, row: Any, *, shard: int) -> Timer:
+        return cls(
+            fire_time=_aware(row.fire_time),
+            timer_id=row.timer_id,
+            shard=shard,
+            kind=row.kind or "",
+            key=row.key or "",
+            data=bytes(row.data or b""),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardLease:
+    """The ownership state of one shard as stored."""
+
+    shard: int
+    epoch: int
+    owner: str | None
+    lease_expires: datetime | None
+    done_through: int | None
+
+    @classmethod
+    def from_row(cls, shard: int, row: Any) -> ShardLease:
+        if row is None:
+            return cls(shard=shard, epoch=0, owner=None, lease_expires=None, done_through=None)
+        return cls(
+            shard=shard,
+            epoch=row.epoch or 0,
+            owner=row.owner,
+            lease_expires=_aware(row.lease_expires) if row.lease_expires else None,
+            done_through=row.done_through,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """Progress inside one (bucket, shard) partition: everything at or before it has fired."""
+
+    bucket: int
+    fire_time: datetime
+    timer_id: str
+
+
+def _aware(t: datetime) -> datetime:
+    from datetime import UTC
+
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)

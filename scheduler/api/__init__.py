@@ -1,0 +1,1 @@
+"""The gRPC edge: servicers, protobuf conversion, and the mapping of domain errors to status."""

@@ -1,0 +1,61 @@
+"""RunReportingService: workers report run events; a batch is written grouped by partition."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
+from cronscale.v1 import run_reporting_service_pb2_grpc as rr_grpc
+from scheduler import metrics
+from scheduler.api.convert import event_from_proto
+from scheduler.api.status import Context, grpc_errors
+from scheduler.cassandra import CassandraRunStore
+from scheduler.errors import InvalidArgument
+
+MAX_EVENTS = 5000
+
+
+class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
+    def __init__(self, runs: CassandraRunStore) -> None:
+        self._runs = runs
+
+    async def _record(self, events: list[rr_pb2.RunEvent]) -> list[rr_pb2.RunEventAck]:
+        if len(events) > MAX_EVENTS:
+            raise InvalidArgument("events", f"at most {MAX_EVENTS} per call, got {len(events)}")
+        now = datetime.now(UTC)
+        records = [event_from_proto(e, i, now=now) for i, e in enumerate(events)]
+        await self._runs.record_events(records)
+        for r in records:
+            metrics.RUN_REPORTS.labels(status=r.status.value if r.status else "HEARTBEAT").inc()
+        return [rr_pb2.RunEventAck(run_id=e.run_id) for e in events]
+
+    @grpc_errors
+    async def ReportRuns(
+        self, request: rr_pb2.ReportRunsRequest, context: Context
+    ) -> rr_pb2.ReportRunsResponse:
+        return rr_pb2.ReportRunsResponse(acks=await self._record(list(request.events)))
+
+    @grpc_errors
+    async def StartRun(self, request: rr_pb2.RunEvent, context: Context) -> rr_pb2.RunEventAck:
+        return (await self._record([_kind(request, rr_pb2.RUN_EVENT_KIND_STARTED)]))[0]
+
+    @grpc_errors
+    async def HeartbeatRun(self, request: rr_pb2.RunEvent, context: Context) -> rr_pb2.RunEventAck:
+        return (await self._record([_kind(request, rr_pb2.RUN_EVENT_KIND_HEARTBEAT)]))[0]
+
+    @grpc_errors
+    async def CompleteRun(self, request: rr_pb2.RunEvent, context: Context) -> rr_pb2.RunEventAck:
+        if request.kind not in (rr_pb2.RUN_EVENT_KIND_SUCCEEDED, rr_pb2.RUN_EVENT_KIND_FAILED):
+            raise InvalidArgument("kind", "CompleteRun takes SUCCEEDED or FAILED")
+        return (await self._record([request]))[0]
+
+
+def _kind(event: rr_pb2.RunEvent, kind: int) -> rr_pb2.RunEvent:
+    """The single-event RPCs imply the kind; an explicit conflicting kind is refused."""
+    if event.kind not in (rr_pb2.RUN_EVENT_KIND_UNSPECIFIED, kind):
+        name = rr_pb2.RunEventKind.Name(kind)  # type: ignore[arg-type]
+        raise InvalidArgument("kind", f"must be {name} or unset")
+    out = rr_pb2.RunEvent()
+    out.CopyFrom(event)
+    out.kind = kind  # type: ignore[assignment]
+    return out

@@ -1,0 +1,74 @@
+"""The API process: SchedulerService, RunReportingService, health and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from bucketer.cassandra import CassandraTimerStore
+from cronscale.v1 import (
+    run_reporting_service_pb2,
+    run_reporting_service_pb2_grpc,
+    scheduler_service_pb2,
+    scheduler_service_pb2_grpc,
+)
+from scheduler import metrics
+from scheduler.api.reporting import RunReportingServicer
+from scheduler.api.schedules import SchedulerServicer
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.config import Config
+from scheduler.service import ScheduleService
+from scheduler.session import open_session, shard_count
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
+    run_reporting_service_pb2.DESCRIPTOR.services_by_name["RunReportingService"].full_name,
+)
+
+
+async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
+    """Serves until SIGTERM/SIGINT (or ``stop``); drains in-flight calls for up to 5 s."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    session = await asyncio.to_thread(open_session, config)
+    try:
+        timers = CassandraTimerStore(session, shard_count=await shard_count(session))
+        schedules = CassandraScheduleStore(session)
+        runs = CassandraRunStore(session, schedules)
+        service = ScheduleService(schedules=schedules, runs=runs, timers=timers)
+
+        server = grpc.aio.server()
+        scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(
+            SchedulerServicer(service), server
+        )
+        run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
+            RunReportingServicer(runs), server
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        port = server.add_insecure_port(config.api_listen)
+        if port == 0:
+            raise OSError(f"cannot listen on {config.api_listen}")
+        await server.start()
+        for name in ("", *SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        metrics.serve_metrics(config.metrics_port)
+        logger.info("api listening on %s", config.api_listen)
+        await stop.wait()
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(grace=5)
+    finally:
+        session.cluster.shutdown()
+        logger.info("api stopped")

@@ -1,0 +1,333 @@
+"""The control plane's Cassandra backend: schedules and run history."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.query import SimpleStatement
+
+from bucketer.cql import Queries, aexecute, first, execute_conditional, write_grouped
+from scheduler.errors import AlreadyExists, InvalidArgument, NotFound
+from scheduler.model import (
+    Run,
+    RunStatus,
+    Schedule,
+    ScheduleState,
+    day_of,
+    parse_run_id,
+)
+
+logger = logging.getLogger(__name__)
+
+# How far back ListRuns looks: the run table's TTL.
+RUN_RETENTION_DAYS = 30
+MAX_ERROR_CHARS = 4096
+
+
+def _us(t: datetime) -> int:
+    return int(t.timestamp() * 1_000_000)
+
+
+class CassandraScheduleStore:
+    """Schedules by id. Changes are compare-and-set on ``version`` (rare, so LWT is fine)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.q = Queries(session, Path(__file__).with_name("queries.cql"))
+
+    async def create(self, s: Schedule) -> None:
+        """Stores a new schedule; AlreadyExists if its id is taken."""
+        applied, _ = await execute_conditional(
+            self._session,
+            self.q["insert_schedule"],
+            (
+                s.schedule_id,
+                s.tenant,
+                s.name,
+                s.handler,
+                s.spec.to_json(),
+                s.payload,
+                s.state.value,
+                s.version,
+                s.generation,
+                s.create_time,
+                s.update_time,
+                int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
+                s.next_fire_time,
+            ),
+        )
+        if not applied:
+            raise AlreadyExists(f"schedule_id: {s.schedule_id!r} already exists")
+
+    async def get(self, schedule_id: str) -> Schedule:
+        rows = await aexecute(self._session, self.q["get_schedule"], (schedule_id,))
+        row = first(rows)
+        # A row without a handler is what a late dispatcher write leaves of a deleted schedule.
+        if row is None or row.handler is None:
+            raise NotFound(f"schedule {schedule_id!r} not found")
+        return Schedule.from_row(row)
+
+    async def get_many(self, ids: Sequence[str]) -> dict[str, Schedule]:
+        """The schedules among ``ids`` that exist, in one multi-partition read per 100 ids."""
+        out: dict[str, Schedule] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), 100):
+            rows = await aexecute(
+                self._session, self.q["get_schedules"], (unique[start : start + 100],)
+            )
+            for row in rows:
+                if row.handler is not None:
+                    out[row.schedule_id] = Schedule.from_row(row)
+        return out
+
+    async def list(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:
+        """One page in token order, and the token of the next page ('' when done)."""
+        stmt = SimpleStatement("SELECT * FROM schedules", fetch_size=page_size)
+        paging_state = None
+        if page_token:
+            try:
+                paging_state = base64.urlsafe_b64decode(page_token.encode())
+            except (ValueError, TypeError):
+                raise InvalidArgument("page_token", "is not a token this API returned") from None
+        try:
+            rs = await _execute_page(self._session, stmt, paging_state)
+        except Exception as e:
+            if paging_state is not None and "paging state" in str(e).lower():
+                raise InvalidArgument("page_token", "is not a token this API returned") from None
+            raise
+        rows, next_state = rs
+        schedules = [Schedule.from_row(r) for r in rows if r.handler is not None]
+        token = base64.urlsafe_b64encode(next_state).decode() if next_state else ""
+        return schedules, token
+
+    async def change_state(
+        self,
+        current: Schedule,
+        *,
+        state: ScheduleState,
+        generation: int,
+        now: datetime,
+        next_fire_time: datetime | None,
+        pause_note: str = "",
+        paused_by: str = "",
+        pause_time: datetime | None = None,
+    ) -> bool:
+        """Compare-and-set on ``current.version``; False if a concurrent change won."""
+        applied, _ = await execute_conditional(
+            self._session,
+            self.q["set_state"],
+            (
+                state.value,
+                current.version + 1,
+                generation,
+                now,
+                pause_note or None,
+                paused_by or None,
+                pause_time,
+                next_fire_time,
+                current.schedule_id,
+                current.version,
+            ),
+        )
+        return applied
+
+    async def delete(self, schedule_id: str) -> None:
+        applied, _ = await execute_conditional(
+            self._session, self.q["delete_schedule"], (schedule_id,)
+        )
+        if not applied:
+            raise NotFound(f"schedule {schedule_id!r} not found")
+
+
+class CassandraRunStore:
+    """Run history, by schedule and day. Hot-path writes go out grouped, never one per call."""
+
+    def __init__(self, session: Session, schedules: CassandraScheduleStore) -> None:
+        self.session = session
+        self._session = session
+        self.q = schedules.q
+
+    def insert_rows(self, runs: Iterable[Run]) -> list[tuple[Any, Any, Sequence[Any]]]:
+        """Grouped-write items recording each run as enqueued (or skipped).
+
+        The write timestamp is the slot itself, so re-recording a re-fired slot never hides a
+        worker's later report (RUNNING, SUCCEEDED) of the same run.
+        """
+        items: list[tuple[Any, Any, Sequence[Any]]] = []
+        for r in runs:
+            day = day_of(r.scheduled_for)
+            items.append(
+                (
+                    (r.schedule_id, day),
+                    self.q["insert_run"],
+                    (
+                        r.schedule_id,
+                        day,
+                        r.scheduled_for,
+                        r.run_id,
+                        r.status.value,
+                        r.attempt,
+                        r.handler,
+                        r.tenant,
+                        r.manual,
+                        r.enqueue_time,
+                        r.skip_reason or None,
+                        _us(min(r.scheduled_for, r.enqueue_time or r.scheduled_for)),
+                    ),
+                )
+            )
+        return items
+
+    async def record_events(self, events: Sequence[RunEventRecord]) -> None:
+        """Applies worker reports, grouped by run partition, each at its event time."""
+        items: list[tuple[Any, Any, Sequence[Any]]] = []
+        for e in events:
+            day = day_of(e.scheduled_for)
+            where = (e.schedule_id, day, e.scheduled_for, e.run_id)
+            if e.status is RunStatus.RUNNING:
+                items.append(
+                    (
+                        (e.schedule_id, day),
+                        self.q["run_started"],
+                        (
+                            _us(e.event_time),
+                            e.status.value,
+                            e.event_time,
+                            e.event_time,
+                            e.worker_id,
+                            e.attempt,
+                            *where,
+                        ),
+                    )
+                )
+            elif e.status is None:
+                items.append(
+                    ((e.schedule_id, day), self.q["run_heartbeat"], (e.event_time, *where))
+                )
+            else:
+                items.append(
+                    (
+                        (e.schedule_id, day),
+                        self.q["run_finished"],
+                        (
+                            _us(e.event_time),
+                            e.status.value,
+                            e.event_time,
+                            e.error[:MAX_ERROR_CHARS] or None,
+                            e.worker_id,
+                            *where,
+                        ),
+                    )
+                )
+        await write_grouped(self._session, items)
+
+    async def get(self, run_id: str) -> Run:
+        ref = parse_run_id(run_id)
+        rows = await aexecute(
+            self._session,
+            self.q["get_run"],
+            (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
+        )
+        row = first(rows)
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found")
+        return Run.from_row(row)
+
+    async def list(
+        self, schedule_id: str, page_size: int, page_token: str, *, now: datetime | None = None
+    ) -> tuple[list[Run], str]:
+        """Runs newest slot first, walking day partitions back through the retention window."""
+        now = now or datetime.now(UTC)
+        newest_day = day_of(now + timedelta(days=1))
+        oldest_day = day_of(now) - RUN_RETENTION_DAYS
+        day, after = newest_day, None
+        if page_token:
+            day, after = _decode_run_token(page_token)
+        out: list[Run] = []
+        while day >= oldest_day and len(out) < page_size:
+            want = page_size - len(out)
+            if after is None:
+                rows = await aexecute(
+                    self._session, self.q["list_runs_day"], (schedule_id, day, want)
+                )
+            else:
+                rows = await aexecute(
+                    self._session,
+                    self.q["list_runs_day_before"],
+                    (schedule_id, day, after[0], after[1], want),
+                )
+            batch = [Run.from_row(r) for r in rows]
+            out.extend(batch)
+            if len(batch) < want:
+                day, after = day - 1, None
+            else:
+                after = (batch[-1].scheduled_for, batch[-1].run_id)
+        if len(out) < page_size or day < oldest_day:
+            return out, ""
+        last = out[-1]
+        return out, _encode_run_token(day_of(last.scheduled_for), last.scheduled_for, last.run_id)
+
+
+class RunEventRecord:
+    """A worker's report about one run, as the store applies it (status None = heartbeat)."""
+
+    __slots__ = (
+        "attempt",
+        "error",
+        "event_time",
+        "run_id",
+        "schedule_id",
+        "scheduled_for",
+        "status",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        schedule_id: str,
+        scheduled_for: datetime,
+        status: RunStatus | None,
+        event_time: datetime,
+        attempt: int = 1,
+        worker_id: str = "",
+        error: str = "",
+    ) -> None:
+        self.run_id = run_id
+        self.schedule_id = schedule_id
+        self.scheduled_for = scheduled_for
+        self.status = status
+        self.event_time = event_time
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self.error = error
+
+
+def _encode_run_token(day: int, scheduled_for: datetime, run_id: str) -> str:
+    raw = f"{day}|{_us(scheduled_for)}|{run_id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_run_token(token: str) -> tuple[int, tuple[datetime, str]]:
+    try:
+        day_s, us_s, run_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 2)
+        t = datetime.fromtimestamp(int(us_s) / 1_000_000, tz=UTC)
+        return int(day_s), (t, run_id)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "is not a token this API returned") from None
+
+
+async def _execute_page(
+    session: Session, stmt: SimpleStatement, paging_state: bytes | None
+) -> tuple[list[Any], bytes | None]:
+    """One page of a paged query and the paging state of the next one (not a hot path)."""
+    rs = await asyncio.to_thread(session.execute, stmt, paging_state=paging_state)
+    return list(rs.current_rows), rs.paging_state

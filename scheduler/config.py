@@ -1,0 +1,70 @@
+"""Process configuration for the control plane (api, dispatcher, CLI).
+
+Everything comes from the environment so the same image runs against the local stack (defaults)
+or external clusters in production (``CRONSCALE_CASSANDRA_HOSTS``, ``CRONSCALE_KAFKA_BOOTSTRAP``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from scheduler.errors import InvalidArgument
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Where the backing services are and how this process presents itself."""
+
+    cassandra_hosts: tuple[str, ...] = ("127.0.0.1",)
+    cassandra_port: int = 9042
+    keyspace: str = "cronscale"
+    # "SimpleStrategy:1" locally; "NetworkTopologyStrategy:dc1=3,dc2=3" in production.
+    replication: str = "SimpleStrategy:1"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    # Topics are "<prefix>.<tier>"; tests use a unique prefix to stay isolated.
+    topic_prefix: str = "cronscale.runs"
+    topic_partitions: int = 6
+    api_listen: str = "127.0.0.1:50051"
+    api_target: str = "127.0.0.1:50051"
+    # 0 disables the metrics endpoint.
+    metrics_port: int = 0
+    # Fixed when the keyspace is created (stored in cluster_settings); this is the initial value.
+    shard_count: int = 64
+    instance_id: str = ""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Config:
+        """Builds the configuration from ``CRONSCALE_*`` variables, defaults for the rest."""
+        e = dict(os.environ if env is None else env)
+
+        def _int(name: str, default: int) -> int:
+            raw = e.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise InvalidArgument(name, f"must be an integer, got {raw!r}") from None
+
+        hosts = tuple(h.strip() for h in e.get("CRONSCALE_CASSANDRA_HOSTS", "127.0.0.1").split(","))
+        api = e.get("CRONSCALE_API", "127.0.0.1:50051")
+        return cls(
+            cassandra_hosts=tuple(h for h in hosts if h),
+            cassandra_port=_int("CRONSCALE_CASSANDRA_PORT", 9042),
+            keyspace=e.get("CRONSCALE_KEYSPACE", "cronscale"),
+            replication=e.get("CRONSCALE_REPLICATION", "SimpleStrategy:1"),
+            kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX", "cronscale.runs"),
+            topic_partitions=_int("CRONSCALE_TOPIC_PARTITIONS", 6),
+            api_listen=e.get("CRONSCALE_API_LISTEN", api),
+            api_target=api,
+            metrics_port=_int("CRONSCALE_METRICS_PORT", 0),
+            shard_count=_int("CRONSCALE_SHARDS", 64),
+            instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
+        )
+
+    def topic(self, tier: str = "standard") -> str:
+        """The Kafka topic that carries run messages of ``tier``."""
+        return f"{self.topic_prefix}.{tier}"

@@ -1,0 +1,1 @@
+"""The dispatcher process: owns shards of the timer wheel and fires what is due."""

@@ -1,0 +1,55 @@
+"""The dispatcher process: wires the timer wheel to the firing logic and runs until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from bucketer.cassandra import CassandraTimerStore
+from bucketer.wheel import TimerWheel
+from scheduler import metrics
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.config import Config
+from scheduler.firing import Firing
+from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.session import open_session, shard_count
+
+logger = logging.getLogger(__name__)
+
+
+async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> None:
+    """Runs a dispatcher until SIGTERM/SIGINT (or ``stop``), then releases its shards."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    session = await asyncio.to_thread(open_session, config)
+    try:
+        shards = await shard_count(session)
+        timers = CassandraTimerStore(session, shard_count=shards)
+        schedules = CassandraScheduleStore(session)
+        runs = CassandraRunStore(session, schedules)
+        await ensure_topics(
+            config.kafka_bootstrap, [config.topic()], partitions=config.topic_partitions
+        )
+        queue = KafkaRunQueue(config.kafka_bootstrap)
+        await queue.start()
+        try:
+            firing = Firing(
+                schedules=schedules, runs=runs, timers=timers, queue=queue, topic=config.topic()
+            )
+            wheel = TimerWheel(timers, instance=config.instance_id, on_due=firing.on_due)
+            metrics.serve_metrics(config.metrics_port)
+            logger.info(
+                "dispatcher %s started (%d shards, topic %s)",
+                config.instance_id,
+                shards,
+                config.topic(),
+            )
+            await wheel.run(stop)
+        finally:
+            await queue.stop()
+    finally:
+        session.cluster.shutdown()
+        logger.info("dispatcher %s stopped", config.instance_id)

@@ -1,0 +1,91 @@
+"""The run queue's Kafka backend: produce run messages to a tier's topic, in batches."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from cronscale.v1 import run_message_pb2
+from scheduler.errors import Unavailable
+
+logger = logging.getLogger(__name__)
+
+RUN_MESSAGE_SCHEMA_VERSION = 1
+
+
+class KafkaRunQueue:
+    """Produces RunMessages with ``acks=all`` and the idempotent producer.
+
+    ``enqueue`` sends a whole batch and returns when every message is acknowledged: messages
+    are keyed by schedule id, so one schedule's runs stay in order on one partition.
+    """
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 5) -> None:
+        self._bootstrap = bootstrap
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            max_batch_size=256 * 1024,
+            client_id="cronscale-dispatcher",
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._producer.start()
+        except KafkaConnectionError as e:
+            await self._producer.stop()
+            raise Unavailable(
+                f"cannot reach Kafka at {self._bootstrap} ({e}); start the local one with "
+                "`cronscale local up` (or `make dev`), or set CRONSCALE_KAFKA_BOOTSTRAP"
+            ) from e
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def enqueue(self, topic: str, messages: Sequence[run_message_pb2.RunMessage]) -> None:
+        """Produces every message; raises if any was not acknowledged by all in-sync replicas."""
+        futures = []
+        for m in messages:
+            headers = [("cronscale-run-id", m.run_id.encode())]
+            futures.append(
+                await self._producer.send(
+                    topic,
+                    value=m.SerializeToString(),
+                    key=m.schedule_id.encode(),
+                    headers=headers,
+                )
+            )
+        await asyncio.gather(*futures)
+
+
+async def ensure_topics(bootstrap: str, topics: Sequence[str], *, partitions: int) -> None:
+    """Creates the run topics if missing (replication 1 locally; production pre-creates them)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="cronscale-admin")
+    try:
+        await admin.start()
+    except KafkaConnectionError as e:
+        await admin.close()
+        raise Unavailable(
+            f"cannot reach Kafka at {bootstrap} ({e}); start the local one with "
+            "`cronscale local up` (or `make dev`), or set CRONSCALE_KAFKA_BOOTSTRAP"
+        ) from e
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in topics if t not in existing]
+        if missing:
+            try:
+                await admin.create_topics(
+                    [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in missing]
+                )
+                logger.info("created topics %s", ", ".join(missing))
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()

@@ -1,0 +1,30 @@
+"""Prometheus metrics of the control plane (dispatcher and API)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+_LAG_BUCKETS = (0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
+RUNS_ENQUEUED = Counter(
+    "cronscale_runs_enqueued_total", "Runs produced to Kafka by dispatchers.", ["tier"]
+)
+FIRE_LAG = Histogram(
+    "cronscale_fire_lag_seconds",
+    "Time from a run's scheduled_for to its acknowledgement by Kafka.",
+    buckets=_LAG_BUCKETS,
+)
+TIMERS_SUPERSEDED = Counter(
+    "cronscale_timers_superseded_total",
+    "Due timers dropped because their schedule changed, paused or was deleted since.",
+)
+OWNED_SHARDS = Gauge("cronscale_owned_shards", "Shards this dispatcher owns.")
+RUN_REPORTS = Counter(
+    "cronscale_run_reports_total", "Run events recorded from workers.", ["status"]
+)
+
+
+def serve_metrics(port: int) -> None:
+    """Serves /metrics on ``port`` (0 = off)."""
+    if port > 0:
+        start_http_server(port)

@@ -1,0 +1,281 @@
+"""The domain model: schedules, their stored spec, runs, and run ids.
+
+Frozen keyword-only value objects built from rows by ``from_row``; the gRPC layer converts them
+to and from protobuf at the edge (scheduler.api.convert).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from scheduler.errors import InvalidArgument
+from scheduler.timespec import TimeSpec, one_shot, parse_cron, parse_interval
+
+SPEC_VERSION = 1
+DEFAULT_TENANT = "default"
+MAX_PAYLOAD_BYTES = 64 * 1024
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+
+
+class ScheduleState(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+
+
+class RunStatus(enum.StrEnum):
+    ENQUEUED = "ENQUEUED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+    DEAD_LETTERED = "DEAD_LETTERED"
+    CANCELLED = "CANCELLED"
+
+
+class SpecKind(enum.StrEnum):
+    CRON = "cron"
+    INTERVAL = "interval"
+    ONCE = "once"
+
+
+class UnsupportedVersion(Exception):
+    """A stored document was written by a newer cronscale than this one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec:
+    """When a schedule fires, as stored (a versioned JSON document in ``schedules.spec``)."""
+
+    kind: SpecKind
+    cron: str = ""
+    timezone: str = "UTC"
+    every: timedelta | None = None
+    anchor: datetime | None = None
+    at: datetime | None = None
+
+    @cached_property
+    def timespec(self) -> TimeSpec:
+        """The evaluator of this spec (validated; raises InvalidArgument naming the field)."""
+        if self.kind is SpecKind.CRON:
+            return parse_cron(self.cron, self.timezone or "UTC")
+        if self.kind is SpecKind.INTERVAL:
+            if self.every is None or self.anchor is None:
+                raise InvalidArgument("spec.interval.every", "is required")
+            return parse_interval(self.every, anchor=self.anchor, timezone=self.timezone)
+        if self.at is None:
+            raise InvalidArgument("spec.once.at", "is required")
+        return one_shot(self.at, self.timezone or "UTC")
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {"v": SPEC_VERSION, "kind": self.kind.value, "tz": self.timezone}
+        if self.kind is SpecKind.CRON:
+            doc["cron"] = self.cron
+        elif self.kind is SpecKind.INTERVAL:
+            assert self.every is not None and self.anchor is not None
+            doc["every_ms"] = int(self.every.total_seconds() * 1000)
+            doc["anchor"] = self.anchor.isoformat()
+        else:
+            assert self.at is not None
+            doc["at"] = self.at.isoformat()
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ScheduleSpec:
+        doc = json.loads(text)
+        if doc.get("v", 0) > SPEC_VERSION:
+            raise UnsupportedVersion(
+                f"schedule spec version {doc['v']} is newer than this cronscale ({SPEC_VERSION})"
+            )
+        kind = SpecKind(doc["kind"])
+        return cls(
+            kind=kind,
+            cron=doc.get("cron", ""),
+            timezone=doc.get("tz", "UTC"),
+            every=timedelta(milliseconds=doc["every_ms"]) if "every_ms" in doc else None,
+            anchor=datetime.fromisoformat(doc["anchor"]) if "anchor" in doc else None,
+            at=datetime.fromisoformat(doc["at"]) if "at" in doc else None,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """A registered schedule."""
+
+    schedule_id: str
+    tenant: str = DEFAULT_TENANT
+    name: str = ""
+    handler: str
+    spec: ScheduleSpec
+    payload: bytes = b""
+    state: ScheduleState = ScheduleState.ACTIVE
+    version: int = 1
+    # Replaced by every change; a timer fires only while it carries the current generation.
+    generation: int = 0
+    create_time: datetime | None = None
+    update_time: datetime | None = None
+    pause_note: str = ""
+    paused_by: str = ""
+    pause_time: datetime | None = None
+    max_runtime: timedelta | None = None
+    last_fire_time: datetime | None = None
+    next_fire_time: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Schedule:
+        return cls(
+            schedule_id=row.schedule_id,
+            tenant=row.tenant or DEFAULT_TENANT,
+            name=row.name or "",
+            handler=row.handler,
+            spec=ScheduleSpec.from_json(row.spec),
+            payload=bytes(row.payload or b""),
+            state=ScheduleState(row.state),
+            version=row.version or 0,
+            generation=row.generation or 0,
+            create_time=aware(row.create_time),
+            update_time=aware(row.update_time),
+            pause_note=row.pause_note or "",
+            paused_by=row.paused_by or "",
+            pause_time=aware(row.pause_time),
+            max_runtime=(
+                timedelta(milliseconds=row.max_runtime_ms) if row.max_runtime_ms else None
+            ),
+            last_fire_time=aware(row.last_fire_time),
+            next_fire_time=aware(row.next_fire_time),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One execution (or skipped slot) of a schedule."""
+
+    run_id: str
+    schedule_id: str
+    scheduled_for: datetime
+    status: RunStatus
+    attempt: int = 1
+    handler: str = ""
+    tenant: str = DEFAULT_TENANT
+    manual: bool = False
+    enqueue_time: datetime | None = None
+    start_time: datetime | None = None
+    finish_time: datetime | None = None
+    worker_id: str = ""
+    error: str = ""
+    skip_reason: str = ""
+
+    @classmethod
+    def from_row(cls, row: Any) -> Run:
+        return cls(
+            run_id=row.run_id,
+            schedule_id=row.schedule_id,
+            scheduled_for=aware(row.scheduled_for) or datetime.min.replace(tzinfo=UTC),
+            status=RunStatus(row.status) if row.status else RunStatus.ENQUEUED,
+            attempt=row.attempt or 1,
+            handler=row.handler or "",
+            tenant=row.tenant or DEFAULT_TENANT,
+            manual=bool(row.manual),
+            enqueue_time=aware(row.enqueue_time),
+            start_time=aware(row.start_time),
+            finish_time=aware(row.finish_time),
+            worker_id=row.worker_id or "",
+            error=row.error or "",
+            skip_reason=row.skip_reason or "",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRef:
+    """Where a run lives: its schedule and slot, recovered from the run id."""
+
+    schedule_id: str
+    scheduled_for: datetime
+    suffix: str = field(default="")
+
+
+# Run ids read as `<schedule_id>@<slot in UTC, ms>` (plus `~<random>` for manual runs): derived
+# from (schedule_id, scheduled_for) so a re-fired slot gets the same id, and parseable so GetRun
+# and run reports find the run's partition without an index table.
+_RUN_TIME_FORMAT = "%Y%m%dT%H%M%S"
+
+
+def run_id_for(schedule_id: str, scheduled_for: datetime, *, manual: bool = False) -> str:
+    """The run id of a slot; ``manual`` adds a random suffix (a trigger is a fresh run)."""
+    t = scheduled_for.astimezone(UTC)
+    stamp = f"{t.strftime(_RUN_TIME_FORMAT)}.{t.microsecond // 1000:03d}Z"
+    rid = f"{schedule_id}@{stamp}"
+    if manual:
+        rid += "~" + secrets.token_hex(4)
+    return rid
+
+
+def parse_run_id(run_id: str) -> RunRef:
+    """Splits a run id into its schedule and slot; InvalidArgument('run_id') if malformed."""
+    schedule_id, sep, rest = run_id.rpartition("@")
+    if not sep or not _ID.match(schedule_id):
+        raise InvalidArgument("run_id", f"{run_id!r} is not a cronscale run id")
+    stamp, _, suffix = rest.partition("~")
+    try:
+        base, _, millis = stamp.rstrip("Z").partition(".")
+        t = datetime.strptime(base, _RUN_TIME_FORMAT).replace(tzinfo=UTC)
+        t += timedelta(milliseconds=int(millis or "0"))
+    except ValueError:
+        raise InvalidArgument("run_id", f"{run_id!r} is not a cronscale run id") from None
+    return RunRef(schedule_id=schedule_id, scheduled_for=t, suffix=suffix)
+
+
+def validate_schedule_id(value: str, field_name: str = "schedule_id") -> str:
+    if not _ID.match(value):
+        raise InvalidArgument(
+            field_name,
+            f"{value!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit",
+        )
+    return value
+
+
+def validate_handler(value: str) -> str:
+    if not value:
+        raise InvalidArgument("schedule.handler", "is required")
+    if not _HANDLER.match(value):
+        raise InvalidArgument(
+            "schedule.handler",
+            f"{value!r} must start with a letter or '_' and hold only letters, digits and ._:-",
+        )
+    return value
+
+
+def validate_payload(payload: bytes) -> bytes:
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise InvalidArgument(
+            "schedule.payload",
+            f"is {len(payload)} bytes; the limit is {MAX_PAYLOAD_BYTES} bytes",
+        )
+    return payload
+
+
+def new_generation() -> int:
+    """A fresh random fire token (63 bits, so it fits a signed bigint)."""
+    return secrets.randbits(63)
+
+
+def day_of(t: datetime) -> int:
+    """The UTC day number (days since the epoch) of ``t``: the run history partition."""
+    return int(t.timestamp()) // 86400
+
+
+def aware(t: datetime | None) -> datetime | None:
+    """Cassandra hands back naive UTC datetimes; make them aware."""
+    if t is None:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)

@@ -1,0 +1,185 @@
+"""Schedule lifecycle operations: the domain behind the SchedulerService API.
+
+Every change replaces the schedule's ``generation``; its pending timer carries the generation it
+was put with, so a superseded timer is dropped when it comes due instead of being deleted.
+Timers are written before the schedule row they belong to, so a failure in between leaves at
+most a timer nobody honours, never a schedule that silently stops firing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from bucketer.cassandra import CassandraTimerStore
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument
+from scheduler.firing import schedule_jitter
+from scheduler.model import (
+    Run,
+    Schedule,
+    ScheduleState,
+    SpecKind,
+    new_generation,
+    validate_handler,
+    validate_payload,
+    validate_schedule_id,
+)
+from scheduler.timers import FireTimer
+from scheduler.timespec import jitter_offset
+
+logger = logging.getLogger(__name__)
+
+# Prefixes that turn time-spec errors into the request's field paths.
+_SPEC_FIELDS = {
+    "cron": "schedule.spec.cron.expression",
+    "timezone": "schedule.spec.cron.timezone",
+    "interval": "schedule.spec.interval.every",
+    "at": "schedule.spec.once.at",
+}
+
+
+def _spec_error(e: InvalidArgument, kind: SpecKind) -> InvalidArgument:
+    field = _SPEC_FIELDS.get(e.field, e.field)
+    if e.field == "timezone" and kind is not SpecKind.CRON:
+        field = f"schedule.spec.{kind.value}.timezone"
+    return InvalidArgument(field, e.problem)
+
+
+class ScheduleService:
+    """Create, read, pause, resume and delete schedules."""
+
+    def __init__(
+        self,
+        *,
+        schedules: CassandraScheduleStore,
+        runs: CassandraRunStore,
+        timers: CassandraTimerStore,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._schedules = schedules
+        self._runs = runs
+        self._timers = timers
+        self._clock = clock
+
+    def _first_fire(self, s: Schedule, now: datetime) -> FireTimer | None:
+        try:
+            nxt = s.spec.timespec.next_after(now)
+        except InvalidArgument as e:
+            raise _spec_error(e, s.spec.kind) from None
+        if nxt is None:
+            return None
+        return FireTimer(
+            schedule_id=s.schedule_id,
+            generation=s.generation,
+            slot=nxt.utc,
+            scheduled_for=nxt.utc + jitter_offset(s.schedule_id, schedule_jitter(s)),
+        )
+
+    async def create(self, draft: Schedule, *, schedule_id: str = "") -> Schedule:
+        """Validates and stores a schedule and its first timer; nothing is stored on error."""
+        now = self._clock()
+        sid = validate_schedule_id(schedule_id) if schedule_id else str(uuid.uuid4())
+        validate_handler(draft.handler)
+        validate_payload(draft.payload)
+        if draft.max_runtime is not None and draft.max_runtime.total_seconds() < 0:
+            raise InvalidArgument("schedule.max_runtime", "must not be negative")
+        s = replace(
+            draft,
+            schedule_id=sid,
+            state=ScheduleState.ACTIVE,
+            version=1,
+            generation=new_generation(),
+            create_time=now,
+            update_time=now,
+        )
+        if s.spec.kind is SpecKind.ONCE and s.spec.at is not None and s.spec.at <= now:
+            raise InvalidArgument(
+                "schedule.spec.once.at",
+                f"{s.spec.at.isoformat()} is in the past (now {now:%Y-%m-%dT%H:%M:%SZ})",
+            )
+        first = self._first_fire(s, now)
+        if first is None:
+            raise InvalidArgument("schedule.spec", "never fires after now")
+        s = replace(s, next_fire_time=first.scheduled_for)
+        # Timer first: if the insert then fails (or the id is taken), the timer's fresh
+        # generation matches no schedule and is dropped when due.
+        await self._timers.put([first.to_timer(self._timers.shard_count)], now=now)
+        await self._schedules.create(s)
+        logger.info("created schedule %s", sid, extra={"schedule_id": sid, "tenant": s.tenant})
+        return s
+
+    async def get(self, schedule_id: str) -> Schedule:
+        s = await self._schedules.get(schedule_id)
+        return self._with_next(s)
+
+    def _with_next(self, s: Schedule) -> Schedule:
+        """The stored row with ``next_fire_time`` as preview computes it (active only)."""
+        if s.state is not ScheduleState.ACTIVE:
+            return replace(s, next_fire_time=None)
+        now = self._clock()
+        if s.next_fire_time is not None and s.next_fire_time > now:
+            return s
+        nxt = self._first_fire(s, now)
+        return replace(s, next_fire_time=nxt.scheduled_for if nxt else None)
+
+    async def list_page(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:
+        items, token = await self._schedules.list(page_size, page_token)
+        return [self._with_next(s) for s in items], token
+
+    async def pause(self, schedule_id: str, *, note: str, paused_by: str) -> Schedule:
+        s = await self._schedules.get(schedule_id)
+        if s.state is ScheduleState.PAUSED:
+            return s
+        if s.state is not ScheduleState.ACTIVE:
+            raise FailedPrecondition(f"schedule {schedule_id!r} is {s.state.value}, not ACTIVE")
+        now = self._clock()
+        gen = new_generation()
+        if not await self._schedules.change_state(
+            s,
+            state=ScheduleState.PAUSED,
+            generation=gen,
+            now=now,
+            next_fire_time=None,
+            pause_note=note,
+            paused_by=paused_by,
+            pause_time=now,
+        ):
+            raise Aborted(f"schedule {schedule_id!r} changed concurrently; read it and retry")
+        return await self.get(schedule_id)
+
+    async def resume(self, schedule_id: str) -> Schedule:
+        s = await self._schedules.get(schedule_id)
+        if s.state is ScheduleState.ACTIVE:
+            return self._with_next(s)
+        if s.state is not ScheduleState.PAUSED:
+            raise FailedPrecondition(f"schedule {schedule_id!r} is {s.state.value}, not PAUSED")
+        now = self._clock()
+        resumed = replace(s, generation=new_generation(), state=ScheduleState.ACTIVE)
+        first = self._first_fire(resumed, now)
+        if first is not None:
+            await self._timers.put([first.to_timer(self._timers.shard_count)], now=now)
+        if not await self._schedules.change_state(
+            s,
+            state=ScheduleState.ACTIVE if first else ScheduleState.COMPLETED,
+            generation=resumed.generation,
+            now=now,
+            next_fire_time=first.scheduled_for if first else None,
+        ):
+            raise Aborted(f"schedule {schedule_id!r} changed concurrently; read it and retry")
+        return await self.get(schedule_id)
+
+    async def delete(self, schedule_id: str) -> None:
+        await self._schedules.delete(schedule_id)
+        logger.info("deleted schedule %s", schedule_id, extra={"schedule_id": schedule_id})
+
+    async def list_runs(
+        self, schedule_id: str, page_size: int, page_token: str
+    ) -> tuple[list[Run], str]:
+        return await self._runs.list(schedule_id, page_size, page_token)
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._runs.get(run_id)

@@ -1,0 +1,36 @@
+"""Opening the control plane's Cassandra session and reading cluster settings."""
+
+from __future__ import annotations
+
+from cassandra.cluster import Session
+
+from bucketer.cql import aexecute, connect, first
+from scheduler.config import Config
+from scheduler.errors import FailedPrecondition
+
+
+def open_session(config: Config) -> Session:
+    """A session on the configured keyspace (StorageUnavailable says how to start Cassandra)."""
+    session = connect(config.cassandra_hosts, config.cassandra_port)
+    rows = session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+        (config.keyspace,),
+    )
+    if rows.one() is None:
+        session.cluster.shutdown()
+        raise FailedPrecondition(
+            f"keyspace {config.keyspace!r} does not exist; run `cronscale db migrate` first"
+        )
+    session.set_keyspace(config.keyspace)
+    return session
+
+
+async def shard_count(session: Session) -> int:
+    """The shard count fixed when the keyspace was migrated."""
+    rows = await aexecute(
+        session, "SELECT value FROM cluster_settings WHERE name = %s", ("shard_count",)
+    )
+    row = first(rows)
+    if row is None:
+        raise FailedPrecondition("cluster_settings has no shard_count; run `cronscale db migrate`")
+    return int(row.value)
