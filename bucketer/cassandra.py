@@ -34,9 +34,9 @@ class LostOwnership(Exception):
 class CassandraTimerStore:
     """Timers in (minute_bucket, shard) partitions, and the shards' leases and checkpoints."""
 
-    def __init__(self, session: Session, *, shard_count: int) -> None:
+    def __init__(self, session: Session, *, keyspace: str, shard_count: int) -> None:
         self._session = session
-        self._q = Queries(session, Path(__file__).with_name("queries.cql"))
+        self._q = Queries(session, Path(__file__).with_name("queries.cql"), keyspace=keyspace)
         self.shard_count = shard_count
 
     # Timers -------------------------------------------------------------------------------

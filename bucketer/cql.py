@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from cassandra import ConsistencyLevel
-from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    ResponseFuture,
+    Session,
+)
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
@@ -49,13 +55,26 @@ def parse_named_queries(text: str) -> dict[str, str]:
     return queries
 
 
+_TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+([a-z_][a-z0-9_]*)\b(?!\.)", re.IGNORECASE)
+
+
+def qualify(cql: str, keyspace: str) -> str:
+    """Prefixes the table of a statement with the keyspace.
+
+    The ``.cql`` files name tables bare so one file serves every keyspace (tests use one each);
+    Cassandra 5 warns about prepared statements that rely on a session keyspace.
+    """
+    return _TABLE.sub(lambda m: f"{m[1]} {keyspace}.{m[2]}", cql, count=1)
+
+
 class Queries:
     """Named statements of one ``.cql`` file, prepared once against a session."""
 
-    def __init__(self, session: Session, path: Path) -> None:
+    def __init__(self, session: Session, path: Path, *, keyspace: str) -> None:
+        self.keyspace = keyspace
         self._statements: dict[str, PreparedStatement] = {}
         for name, cql in parse_named_queries(path.read_text()).items():
-            self._statements[name] = session.prepare(cql)
+            self._statements[name] = session.prepare(qualify(cql, keyspace))
 
     def __getitem__(self, name: str) -> PreparedStatement:
         return self._statements[name]
@@ -63,10 +82,16 @@ class Queries:
 
 def connect(hosts: Sequence[str], port: int, keyspace: str | None = None) -> Session:
     """Opens a token-aware session; raises StorageUnavailable with how to start Cassandra."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=ConsistencyLevel.LOCAL_QUORUM,
+        serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+        request_timeout=10.0,
+    )
     cluster = Cluster(
         contact_points=list(hosts),
         port=port,
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         protocol_version=5,
         connect_timeout=10,
     )
@@ -78,9 +103,6 @@ def connect(hosts: Sequence[str], port: int, keyspace: str | None = None) -> Ses
             f"cannot reach Cassandra at {','.join(hosts)}:{port} ({e}); start the local one "
             "with `cronscale local up` (or `make dev`), or set CRONSCALE_CASSANDRA_HOSTS"
         ) from e
-    session.default_consistency_level = ConsistencyLevel.LOCAL_QUORUM
-    session.default_serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
-    session.default_timeout = 10.0
     return session
 
 
@@ -124,8 +146,11 @@ async def execute_conditional(
     if row is None:
         return True, {}
     data = row._asdict() if hasattr(row, "_asdict") else dict(row)
-    applied = bool(data.pop("[applied]", True))
-    return applied, data
+    # The named-tuple row factory cleans "[applied]" into "applied".
+    flag = data.pop("[applied]", None)
+    if flag is None:
+        flag = data.pop("applied")
+    return bool(flag), data
 
 
 def partition_groups(

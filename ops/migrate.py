@@ -124,15 +124,21 @@ def migrate(config: Config, out: Callable[[str], None] = print) -> None:
             out(f"applied migration {m.version:04d}_{m.name}")
         current = max([*applied, *(m.version for m in pending)], default=0)
         shards = _init_cluster_settings(session, config.shard_count)
-        asyncio.run(
-            CassandraTimerStore(session, shard_count=shards).init_shards(
-                minute_bucket(datetime.now(UTC))
-            )
-        )
+        asyncio.run(_init_shards(config, shards))
         out(
             f"keyspace {config.keyspace} at schema version {current} "
             f"({len(pending)} applied now, {shards} shards)"
         )
+    finally:
+        session.cluster.shutdown()
+
+
+async def _init_shards(config: Config, shards: int) -> None:
+    # A session without a default keyspace: the stores name it per prepared statement.
+    session = connect(config.cassandra_hosts, config.cassandra_port)
+    try:
+        store = CassandraTimerStore(session, keyspace=config.keyspace, shard_count=shards)
+        await store.init_shards(minute_bucket(datetime.now(UTC)))
     finally:
         session.cluster.shutdown()
 

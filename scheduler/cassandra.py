@@ -38,9 +38,9 @@ def _us(t: datetime) -> int:
 class CassandraScheduleStore:
     """Schedules by id. Changes are compare-and-set on ``version`` (rare, so LWT is fine)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, *, keyspace: str) -> None:
         self._session = session
-        self.q = Queries(session, Path(__file__).with_name("queries.cql"))
+        self.q = Queries(session, Path(__file__).with_name("queries.cql"), keyspace=keyspace)
 
     async def create(self, s: Schedule) -> None:
         """Stores a new schedule; AlreadyExists if its id is taken."""
@@ -89,7 +89,7 @@ class CassandraScheduleStore:
 
     async def list(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:
         """One page in token order, and the token of the next page ('' when done)."""
-        stmt = SimpleStatement("SELECT * FROM schedules", fetch_size=page_size)
+        stmt = SimpleStatement(f"SELECT * FROM {self.q.keyspace}.schedules", fetch_size=page_size)
         paging_state = None
         if page_token:
             try:

@@ -21,14 +21,13 @@ def open_session(config: Config) -> Session:
         raise FailedPrecondition(
             f"keyspace {config.keyspace!r} does not exist; run `cronscale db migrate` first"
         )
-    session.set_keyspace(config.keyspace)
     return session
 
 
-async def shard_count(session: Session) -> int:
+async def shard_count(session: Session, keyspace: str) -> int:
     """The shard count fixed when the keyspace was migrated."""
     rows = await aexecute(
-        session, "SELECT value FROM cluster_settings WHERE name = %s", ("shard_count",)
+        session, f"SELECT value FROM {keyspace}.cluster_settings WHERE name = %s", ("shard_count",)
     )
     row = first(rows)
     if row is None:

@@ -41,8 +41,10 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     session = await asyncio.to_thread(open_session, config)
     try:
-        timers = CassandraTimerStore(session, shard_count=await shard_count(session))
-        schedules = CassandraScheduleStore(session)
+        ks = config.keyspace
+        shards = await shard_count(session, ks)
+        timers = CassandraTimerStore(session, keyspace=ks, shard_count=shards)
+        schedules = CassandraScheduleStore(session, keyspace=ks)
         runs = CassandraRunStore(session, schedules)
         service = ScheduleService(schedules=schedules, runs=runs, timers=timers)
 

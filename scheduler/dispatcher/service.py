@@ -26,9 +26,10 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
         loop.add_signal_handler(sig, stop.set)
     session = await asyncio.to_thread(open_session, config)
     try:
-        shards = await shard_count(session)
-        timers = CassandraTimerStore(session, shard_count=shards)
-        schedules = CassandraScheduleStore(session)
+        ks = config.keyspace
+        shards = await shard_count(session, ks)
+        timers = CassandraTimerStore(session, keyspace=ks, shard_count=shards)
+        schedules = CassandraScheduleStore(session, keyspace=ks)
         runs = CassandraRunStore(session, schedules)
         await ensure_topics(
             config.kafka_bootstrap, [config.topic()], partitions=config.topic_partitions

@@ -1,0 +1,105 @@
+"""The timer wheel against the real Cassandra: claims, fencing, scanning, checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from cassandra.cluster import Session
+
+from bucketer.cassandra import CassandraTimerStore, LostOwnership
+from bucketer.keys import minute_bucket
+from bucketer.model import Checkpoint, Timer
+from bucketer.scanner import ShardScanner
+from scheduler.config import Config
+
+
+@pytest.fixture
+def store(session: Session, migrated: Config) -> CassandraTimerStore:
+    return CassandraTimerStore(
+        session, keyspace=migrated.keyspace, shard_count=migrated.shard_count
+    )
+
+
+async def test_claim_contest_has_exactly_one_winner_and_fences_the_loser(
+    store: CassandraTimerStore,
+) -> None:
+    shard = 3
+    lease = await store.read_lease(shard)
+    expires = datetime.now(UTC) + timedelta(seconds=30)
+    # Two owners read the same lease and race to claim it with one LWT each.
+    a, b = await asyncio.gather(
+        store.claim(lease, owner="owner-a", lease_expires=expires),
+        store.claim(lease, owner="owner-b", lease_expires=expires),
+    )
+    winners = [c for c in (a, b) if c is not None]
+    assert len(winners) == 1
+    winner = winners[0]
+    loser_epoch = lease.epoch  # what the loser still believes
+    stored = await store.read_lease(shard)
+    assert stored.epoch == lease.epoch + 1 and stored.owner == winner.owner
+
+    cp = Checkpoint(bucket=minute_bucket(datetime.now(UTC)), fire_time=datetime.now(UTC),
+                    timer_id="x")
+    # The loser's progress writes are rejected ...
+    with pytest.raises(LostOwnership):
+        await store.advance_checkpoint(shard, loser_epoch, cp)
+    with pytest.raises(LostOwnership):
+        await store.renew(shard, loser_epoch, expires)
+    with pytest.raises(LostOwnership):
+        await store.finish_through(shard, loser_epoch, cp.bucket)
+    # ... and the winner's are accepted.
+    await store.advance_checkpoint(shard, winner.epoch, cp)
+    got = await store.read_checkpoints(shard, cp.bucket - 1)
+    assert got[cp.bucket].timer_id == "x"
+
+    # A later claim (the lease handed on) fences the former winner too.
+    again = await store.claim(stored, owner="owner-c", lease_expires=expires)
+    assert again is not None and again.epoch == winner.epoch + 1
+    with pytest.raises(LostOwnership):
+        await store.advance_checkpoint(shard, winner.epoch, cp)
+
+
+async def test_scanner_fires_due_timers_once_and_checkpoints(store: CassandraTimerStore) -> None:
+    shard = 5
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner="scan-test", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    now = datetime.now(UTC)
+    due = [
+        Timer(fire_time=now - timedelta(milliseconds=10 * i), timer_id=f"t{i}", shard=shard,
+              kind="test", key=f"k{i}", data=b"%d" % i)
+        for i in range(25)
+    ]
+    later = Timer(fire_time=now + timedelta(seconds=2), timer_id="later", shard=shard,
+                  kind="test", key="later")
+    await store.put([*due, later], now=now - timedelta(seconds=1))
+
+    fired: list[Timer] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(batch)
+
+    scanner = ShardScanner(store, claimed, on_due, batch=10, grace=timedelta(seconds=1))
+    scanner._checkpoints = await store.read_checkpoints(shard, scanner._done_through)
+    for _ in range(6):
+        await scanner.scan_once()
+    assert sorted(t.timer_id for t in fired) == sorted(t.timer_id for t in due)
+    await asyncio.sleep(2.2)
+    for _ in range(3):
+        await scanner.scan_once()
+    ids = [t.timer_id for t in fired]
+    assert ids.count("later") == 1 and len(ids) == 26, "each timer fires exactly once"
+
+
+async def test_put_moves_past_fire_times_to_now(store: CassandraTimerStore) -> None:
+    now = datetime.now(UTC)
+    old = Timer(fire_time=now - timedelta(hours=3), timer_id="old", shard=1, kind="t", key="k")
+    await store.put([old], now=now)
+    rows = await store.scan(shard=1, bucket=minute_bucket(now), after=(now - timedelta(1), ""),
+                            until=now + timedelta(seconds=1), limit=10)
+    assert [r.timer_id for r in rows] == ["old"]
+    assert rows[0].fire_time >= now - timedelta(milliseconds=1)
