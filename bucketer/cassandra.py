@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cassandra.cluster import Session
 
-from bucketer.cql import Queries, aexecute, first, execute_conditional, write_grouped
+from bucketer.cql import Queries, aexecute, execute_conditional, first, write_grouped
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, ShardLease, Timer
 

@@ -1,4 +1,4 @@
-"""Bucket and shard keys of the timer wheel: pure functions, stable across processes and languages."""
+"""Bucket and shard keys of the timer wheel: pure, stable across processes and languages."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ owner harmless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -63,11 +64,11 @@ class ShardOwnership:
                 try:
                     await self.balance_once()
                 except Exception:
-                    logger.exception("shard balancing failed; retrying", extra={"action": "balance"})
-                try:
+                    logger.exception(
+                        "shard balancing failed; retrying", extra={"action": "balance"}
+                    )
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self._cycle.total_seconds())
-                except TimeoutError:
-                    pass
         finally:
             await self.release_all()
 

@@ -53,9 +53,7 @@ class ShardScanner:
         self._checkpoint_every = checkpoint_every
         self._clock = clock
         self._done_through = (
-            lease.done_through
-            if lease.done_through is not None
-            else minute_bucket(clock()) - 1
+            lease.done_through if lease.done_through is not None else minute_bucket(clock()) - 1
         )
         self._checkpoints: dict[int, Checkpoint] = {}
         self._dirty: set[int] = set()

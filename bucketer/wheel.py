@@ -57,9 +57,7 @@ class TimerWheel:
 
     async def _start_shard(self, lease: ShardLease) -> None:
         await self._stop_shard(lease.shard)
-        scanner = ShardScanner(
-            self._store, lease, self._on_due, poll=self._poll, grace=self._grace
-        )
+        scanner = ShardScanner(self._store, lease, self._on_due, poll=self._poll, grace=self._grace)
         self._tasks[lease.shard] = asyncio.create_task(
             scanner.run(), name=f"scan-shard-{lease.shard}"
         )

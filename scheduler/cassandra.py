@@ -13,7 +13,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
-from bucketer.cql import Queries, aexecute, first, execute_conditional, write_grouped
+from bucketer.cql import Queries, aexecute, execute_conditional, first, write_grouped
 from scheduler.errors import AlreadyExists, InvalidArgument, NotFound
 from scheduler.model import (
     Run,

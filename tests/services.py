@@ -45,4 +45,4 @@ def test_config(**overrides: object) -> Config:
         "topic_partitions": 3,
     }
     values.update(overrides)
-    return Config(**{**base.__dict__, **values})  # type: ignore[arg-type]
+    return Config(**{**base.__dict__, **values})

@@ -70,7 +70,12 @@ class Stack:
     def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "scheduler.cli", *args],
-            env=self.env, capture_output=True, text=True, timeout=60, check=check, cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=check,
+            cwd=REPO,
         )
 
     def wait_healthy(self, timeout: float = 60) -> None:
@@ -92,7 +97,11 @@ class Stack:
 
     def tail(self, name: str, lines: int = 40) -> str:
         path = self.logs / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
 
     def stop_all(self) -> None:
         for proc in self.procs.values():

@@ -25,20 +25,43 @@ def _cron(expr: str, tz: str = "UTC") -> schedule_pb2.ScheduleSpec:
 
 
 CASES = [
-    ("invalid cron", dict(handler="echo", spec=_cron("61 * * * *")),
-     "schedule.spec.cron.expression", "61"),
-    ("cron with 7 fields", dict(handler="echo", spec=_cron("* * * * * * *")),
-     "schedule.spec.cron.expression", "fields"),
-    ("unknown zone", dict(handler="echo", spec=_cron("0 2 * * *", "Mars/Olympus_Mons")),
-     "schedule.spec.cron.timezone", "Mars/Olympus_Mons"),
+    (
+        "invalid cron",
+        dict(handler="echo", spec=_cron("61 * * * *")),
+        "schedule.spec.cron.expression",
+        "61",
+    ),
+    (
+        "cron with 7 fields",
+        dict(handler="echo", spec=_cron("* * * * * * *")),
+        "schedule.spec.cron.expression",
+        "fields",
+    ),
+    (
+        "unknown zone",
+        dict(handler="echo", spec=_cron("0 2 * * *", "Mars/Olympus_Mons")),
+        "schedule.spec.cron.timezone",
+        "Mars/Olympus_Mons",
+    ),
     ("missing handler", dict(spec=_cron("0 2 * * *")), "schedule.handler", "required"),
     ("neither cron nor at", dict(handler="echo"), "schedule.spec", "required"),
-    ("at in the past",
-     dict(handler="echo", spec=schedule_pb2.ScheduleSpec(
-         once=schedule_pb2.OneShotSpec(at=_ts(datetime.now(UTC) - timedelta(minutes=5))))),
-     "schedule.spec.once.at", "past"),
-    ("payload too large", dict(handler="echo", spec=_cron("0 2 * * *"), payload=b"x" * 70_000),
-     "schedule.payload", "65536"),
+    (
+        "at in the past",
+        dict(
+            handler="echo",
+            spec=schedule_pb2.ScheduleSpec(
+                once=schedule_pb2.OneShotSpec(at=_ts(datetime.now(UTC) - timedelta(minutes=5)))
+            ),
+        ),
+        "schedule.spec.once.at",
+        "past",
+    ),
+    (
+        "payload too large",
+        dict(handler="echo", spec=_cron("0 2 * * *"), payload=b"x" * 70_000),
+        "schedule.payload",
+        "65536",
+    ),
 ]
 
 

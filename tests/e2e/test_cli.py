@@ -14,9 +14,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 def test_cli_create_get_runs_pause_delete(stack: Stack) -> None:
     api = ["--api", stack.config.api_target]
-    out = stack.cli("schedule", "create", *api, "--name", "cli", "--handler", "echo",
-                    "--cron", "* * * * * *", "--tz", "Asia/Kolkata",
-                    "--payload", '{"from": "cli"}', "--json", check=True)
+    out = stack.cli(
+        "schedule",
+        "create",
+        *api,
+        "--name",
+        "cli",
+        "--handler",
+        "echo",
+        "--cron",
+        "* * * * * *",
+        "--tz",
+        "Asia/Kolkata",
+        "--payload",
+        '{"from": "cli"}',
+        "--json",
+        check=True,
+    )
     created = json.loads(out.stdout)
     sid = created["id"]
     assert created["state"] == "ACTIVE" and created["handler"] == "echo"
@@ -43,7 +57,17 @@ def test_cli_create_get_runs_pause_delete(stack: Stack) -> None:
 
 
 def test_cli_reports_invalid_argument(stack: Stack) -> None:
-    bad = stack.cli("schedule", "create", "--api", stack.config.api_target, "--name", "bad",
-                    "--handler", "echo", "--cron", "0 25 * * *")
+    bad = stack.cli(
+        "schedule",
+        "create",
+        "--api",
+        stack.config.api_target,
+        "--name",
+        "bad",
+        "--handler",
+        "echo",
+        "--cron",
+        "0 25 * * *",
+    )
     assert bad.returncode == 1
     assert "INVALID_ARGUMENT" in bad.stderr and "schedule.spec.cron.expression" in bad.stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import pytest
@@ -49,7 +51,7 @@ def _wait_for(
         time.sleep(0.2)
 
 
-def _create(stack: Stack, **fields: object) -> schedule_pb2.Schedule:
+def _create(stack: Stack, **fields: Any) -> schedule_pb2.Schedule:
     return stack.api.CreateSchedule(
         scheduler_service_pb2.CreateScheduleRequest(schedule=schedule_pb2.Schedule(**fields)),
         timeout=10,
@@ -65,7 +67,9 @@ def test_one_shot_fires_exactly_once_within_5s(stack: Stack) -> None:
         spec=schedule_pb2.ScheduleSpec(once=schedule_pb2.OneShotSpec(at=_ts(at))),
     )
     runs = _wait_for(
-        stack, s.id, lambda rs: any(r.status == schedule_pb2.RUN_STATUS_SUCCEEDED for r in rs),
+        stack,
+        s.id,
+        lambda rs: any(r.status == schedule_pb2.RUN_STATUS_SUCCEEDED for r in rs),
         timeout=at.timestamp() - time.time() + 5,
     )
     time.sleep(1.0)  # nothing else may follow
@@ -95,7 +99,9 @@ def test_seconds_cron_fires_on_consecutive_slots(stack: Stack) -> None:
         ),
     )
     runs = _wait_for(
-        stack, s.id, lambda rs: sum(r.status == schedule_pb2.RUN_STATUS_SUCCEEDED for r in rs) >= 4,
+        stack,
+        s.id,
+        lambda rs: sum(r.status == schedule_pb2.RUN_STATUS_SUCCEEDED for r in rs) >= 4,
         timeout=15,
     )
     stack.api.PauseSchedule(scheduler_service_pb2.PauseScheduleRequest(id=s.id), timeout=10)
@@ -105,11 +111,12 @@ def test_seconds_cron_fires_on_consecutive_slots(stack: Stack) -> None:
     )
     slots = [r.scheduled_for.ToDatetime(tzinfo=UTC) for r in done]
     assert all(t.second % 2 == 0 and t.microsecond == 0 for t in slots)
-    gaps = {(b - a).total_seconds() for a, b in zip(slots, slots[1:], strict=False)}
+    gaps = {(b - a).total_seconds() for a, b in itertools.pairwise(slots)}
     assert gaps == {2.0}, f"slots not consecutive: {slots}"
     assert len({r.run_id for r in done}) == len(done)
-    lags = [(r.enqueue_time.ToDatetime() - r.scheduled_for.ToDatetime()).total_seconds()
-            for r in done]
+    lags = [
+        (r.enqueue_time.ToDatetime() - r.scheduled_for.ToDatetime()).total_seconds() for r in done
+    ]
     print(f"every-2s: enqueue lag max {max(lags):.3f} s over {len(lags)} runs")
     assert max(lags) < 2.0
 
@@ -187,8 +194,11 @@ def test_dispatcher_killed_and_replaced_keeps_firing(stack: Stack) -> None:
     runs = _wait_for(
         stack,
         s.id,
-        lambda rs: any(r.scheduled_for.ToDatetime(tzinfo=UTC) > killed_at + timedelta(seconds=1)
-                       and r.status == schedule_pb2.RUN_STATUS_SUCCEEDED for r in rs),
+        lambda rs: any(
+            r.scheduled_for.ToDatetime(tzinfo=UTC) > killed_at + timedelta(seconds=1)
+            and r.status == schedule_pb2.RUN_STATUS_SUCCEEDED
+            for r in rs
+        ),
         timeout=30,
     )
     resumed = min(

@@ -40,8 +40,9 @@ async def test_claim_contest_has_exactly_one_winner_and_fences_the_loser(
     stored = await store.read_lease(shard)
     assert stored.epoch == lease.epoch + 1 and stored.owner == winner.owner
 
-    cp = Checkpoint(bucket=minute_bucket(datetime.now(UTC)), fire_time=datetime.now(UTC),
-                    timer_id="x")
+    cp = Checkpoint(
+        bucket=minute_bucket(datetime.now(UTC)), fire_time=datetime.now(UTC), timer_id="x"
+    )
     # The loser's progress writes are rejected ...
     with pytest.raises(LostOwnership):
         await store.advance_checkpoint(shard, loser_epoch, cp)
@@ -70,12 +71,23 @@ async def test_scanner_fires_due_timers_once_and_checkpoints(store: CassandraTim
     assert claimed is not None
     now = datetime.now(UTC)
     due = [
-        Timer(fire_time=now - timedelta(milliseconds=10 * i), timer_id=f"t{i}", shard=shard,
-              kind="test", key=f"k{i}", data=b"%d" % i)
+        Timer(
+            fire_time=now - timedelta(milliseconds=10 * i),
+            timer_id=f"t{i}",
+            shard=shard,
+            kind="test",
+            key=f"k{i}",
+            data=b"%d" % i,
+        )
         for i in range(25)
     ]
-    later = Timer(fire_time=now + timedelta(seconds=2), timer_id="later", shard=shard,
-                  kind="test", key="later")
+    later = Timer(
+        fire_time=now + timedelta(seconds=2),
+        timer_id="later",
+        shard=shard,
+        kind="test",
+        key="later",
+    )
     await store.put([*due, later], now=now - timedelta(seconds=1))
 
     fired: list[Timer] = []
@@ -99,7 +111,12 @@ async def test_put_moves_past_fire_times_to_now(store: CassandraTimerStore) -> N
     now = datetime.now(UTC)
     old = Timer(fire_time=now - timedelta(hours=3), timer_id="old", shard=1, kind="t", key="k")
     await store.put([old], now=now)
-    rows = await store.scan(shard=1, bucket=minute_bucket(now), after=(now - timedelta(1), ""),
-                            until=now + timedelta(seconds=1), limit=10)
+    rows = await store.scan(
+        shard=1,
+        bucket=minute_bucket(now),
+        after=(now - timedelta(1), ""),
+        until=now + timedelta(seconds=1),
+        limit=10,
+    )
     assert [r.timer_id for r in rows] == ["old"]
     assert rows[0].fire_time >= now - timedelta(milliseconds=1)

@@ -27,8 +27,11 @@ async def test_enqueue_produces_versioned_messages(config: Config) -> None:
         await queue.stop()
 
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=config.kafka_bootstrap, auto_offset_reset="earliest",
-        group_id=f"{topic}.check", enable_auto_commit=False,
+        topic,
+        bootstrap_servers=config.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{topic}.check",
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
