@@ -1,0 +1,383 @@
+"""The ``cronscale`` command line: argparse wiring and error handling.
+
+Exit status: 0 success, 1 an error (the API refused, a service is unreachable, ...), 2 a usage
+error (argparse), 3 ``local status`` found a service down, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from importlib import metadata
+from typing import Any
+
+import grpc
+
+from scheduler.cli import processes, schedules
+from scheduler.cli.build import parse_at, parse_duration, parse_payload, parse_seconds
+from scheduler.cli.client import default_api, describe_rpc_error
+from scheduler.cli.logs import LEVELS
+from scheduler.errors import CronscaleError
+
+RpcCommand = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+_CREATE_EPILOG = """\
+examples:
+  cronscale schedule create --name nightly --handler billing.nightly \\
+      --cron '0 2 * * *' --tz Europe/Berlin --payload '{"region": "eu"}'
+  cronscale schedule create --name once --handler echo --at 2026-12-02T15:00:00Z
+  cronscale schedule create --name poll --handler http --every 1h30m --max-runtime 60
+
+The server is the authority on validation (cron syntax, time zone names, handler names,
+payload size, interval bounds, ids) and answers INVALID_ARGUMENT naming the field; the CLI
+only checks what it must to build the request.
+"""
+
+
+def _version() -> str:
+    try:
+        return metadata.version("cronscale")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    parents: Sequence[argparse.ArgumentParser] = (),
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=summary,
+        parents=list(parents),
+        allow_abbrev=False,
+        **kwargs,
+    )
+
+
+def _api_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument(
+        "--api",
+        metavar="HOST:PORT",
+        default=default_api(),
+        help="the cronscale API (default: $CRONSCALE_API, else 127.0.0.1:50051)",
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=10.0,
+        help="deadline of each RPC (default: 10)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (proto field names)")
+    return p
+
+
+def _log_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LEVELS,
+        metavar="LEVEL",
+        help="the lowest level logged (default: INFO)",
+    )
+    p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    return p
+
+
+def _rpc(command: RpcCommand) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(command(args))
+        except grpc.aio.AioRpcError as exc:
+            print(f"error: {describe_rpc_error(exc, args.api)}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _add_page_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"{what} per page (server default 100, at most 1000)",
+    )
+    p.add_argument(
+        "--page-token",
+        default="",
+        metavar="TOKEN",
+        help="continue from a previous page's next_page_token",
+    )
+    p.add_argument("--all", action="store_true", help="follow next_page_token to the last page")
+
+
+def _check_create(args: argparse.Namespace) -> str | None:
+    if args.tz is not None and args.cron is None:
+        return "argument --tz: applies only to --cron"
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``cronscale`` parser. Each leaf sets ``run`` (args -> exit status)."""
+    api = _api_options()
+    logs = _log_options()
+    parser = argparse.ArgumentParser(
+        prog="cronscale",
+        description="cronscale: a distributed job scheduler on Cassandra and Kafka.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"cronscale {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    # schedule ...
+    schedule = _parser(commands, "schedule", "create, inspect, pause, resume, delete schedules")
+    sched = schedule.add_subparsers(dest="schedule_command", metavar="SUBCOMMAND", required=True)
+
+    create = _parser(
+        sched,
+        "create",
+        "register a new schedule",
+        [api],
+        epilog=_CREATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    create.add_argument("--name", required=True, help="a human name")
+    create.add_argument("--handler", required=True, help="the handler the worker runs, e.g. echo")
+    when = create.add_mutually_exclusive_group(required=True)
+    when.add_argument(
+        "--cron",
+        metavar="EXPR",
+        help="5 fields (m h dom mon dow), 6 with seconds first, or a macro like @daily",
+    )
+    when.add_argument(
+        "--at",
+        metavar="ISO8601",
+        type=parse_at,
+        help="fire once at this instant; needs a UTC offset, e.g. 2026-12-02T15:00:00Z",
+    )
+    when.add_argument(
+        "--every",
+        metavar="DURATION",
+        type=parse_duration,
+        help="fire at this interval from now, e.g. 90s, 5m, 1h30m",
+    )
+    create.add_argument(
+        "--tz", metavar="ZONE", help="IANA zone the --cron expression is evaluated in (default UTC)"
+    )
+    create.add_argument(
+        "--payload",
+        metavar="JSON",
+        type=parse_payload,
+        help="JSON handed to the handler (sent as UTF-8 bytes)",
+    )
+    create.add_argument(
+        "--max-runtime",
+        metavar="SECONDS",
+        type=parse_seconds,
+        help="run timeout the worker enforces, in seconds (or 5m, 1h)",
+    )
+    create.add_argument(
+        "--id", metavar="ID", help="choose the schedule id (default: server-assigned)"
+    )
+    create.set_defaults(run=_rpc(schedules.create), check=_check_create, parser=create)
+
+    get = _parser(sched, "get", "show one schedule", [api])
+    get.add_argument("id", metavar="ID")
+    get.set_defaults(run=_rpc(schedules.get))
+
+    list_ = _parser(sched, "list", "list schedules", [api])
+    _add_page_options(list_, "schedules")
+    list_.set_defaults(run=_rpc(schedules.list_schedules))
+
+    pause = _parser(sched, "pause", "stop firing until resumed (idempotent)", [api])
+    pause.add_argument("id", metavar="ID")
+    pause.add_argument("--note", default="", metavar="TEXT", help="why; shown by `schedule get`")
+    pause.add_argument("--by", metavar="WHO", help="who pauses (default: your user name)")
+    pause.set_defaults(run=_rpc(schedules.pause))
+
+    resume = _parser(sched, "resume", "fire again from the next slot after now", [api])
+    resume.add_argument("id", metavar="ID")
+    resume.set_defaults(run=_rpc(schedules.resume))
+
+    delete = _parser(sched, "delete", "delete a schedule (its run history stays)", [api])
+    delete.add_argument("id", metavar="ID")
+    delete.set_defaults(run=_rpc(schedules.delete))
+
+    runs = _parser(sched, "runs", "list a schedule's runs, newest slot first", [api])
+    runs.add_argument("id", metavar="ID")
+    _add_page_options(runs, "runs")
+    runs.set_defaults(run=_rpc(schedules.list_runs))
+
+    # run ...
+    run = _parser(commands, "run", "inspect runs")
+    run_cmds = run.add_subparsers(dest="run_command", metavar="SUBCOMMAND", required=True)
+    run_get = _parser(run_cmds, "get", "show one run", [api])
+    run_get.add_argument("run_id", metavar="RUN_ID")
+    run_get.set_defaults(run=_rpc(schedules.get_run))
+
+    # local ..., db ...
+    local = _parser(commands, "local", "the local Cassandra + Kafka for development")
+    local_cmds = local.add_subparsers(dest="local_command", metavar="SUBCOMMAND", required=True)
+    _parser(local_cmds, "up", "start them (fetched from Maven Central on first use)").set_defaults(
+        run=processes.local_up
+    )
+    _parser(local_cmds, "down", "stop them").set_defaults(run=processes.local_down)
+    _parser(local_cmds, "status", "show whether they answer (exit 3 if one is down)").set_defaults(
+        run=processes.local_status
+    )
+
+    db = _parser(commands, "db", "the Cassandra schema")
+    db_cmds = db.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
+    migrate = _parser(db_cmds, "migrate", "apply pending schema migrations")
+    migrate.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LEVELS,
+        metavar="LEVEL",
+        help="the lowest level logged (default: WARNING)",
+    )
+    migrate.set_defaults(run=processes.db_migrate, log_json=False)
+
+    # processes
+    _parser(commands, "api", "run the gRPC API server", [logs]).set_defaults(run=processes.api)
+    _parser(commands, "dispatcher", "run a dispatcher (fires due timers)", [logs]).set_defaults(
+        run=processes.dispatcher
+    )
+    worker = _parser(
+        commands,
+        "worker",
+        "run a worker; other options (--import, --concurrency, --tier, --help) go to it",
+        [logs],
+        add_help=False,
+    )
+    worker.set_defaults(run=_run_worker, passthrough=True)
+
+    dev = _parser(commands, "dev", "run api + dispatcher + worker here, with a demo schedule")
+    dev.add_argument(
+        "--api",
+        metavar="HOST:PORT",
+        default=default_api(),
+        help="where the api listens and is reached (default: $CRONSCALE_API, else 127.0.0.1:50051)",
+    )
+    dev.add_argument(
+        "--no-demo",
+        dest="demo",
+        action="store_false",
+        help="do not register and follow the demo schedule",
+    )
+    dev.add_argument(
+        "--verbose",
+        action="store_true",
+        help="echo every log line of the processes, not only WARNING and above",
+    )
+    dev.add_argument(
+        "--log-dir", metavar="DIR", help="where <name>.log files go (default: <local home>/logs)"
+    )
+    dev.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LEVELS,
+        metavar="LEVEL",
+        help="the processes' log level (default: INFO)",
+    )
+    dev.add_argument(
+        "--ready-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=90.0,
+        help="how long to wait for the api to serve (default: 90)",
+    )
+    dev.add_argument(
+        "--import",
+        dest="imports",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="passed to the worker: a module that registers handlers (repeatable)",
+    )
+    dev.set_defaults(run=_run_dev)
+    return parser
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    return processes.worker(args, list(args.worker_argv))
+
+
+def _run_dev(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scheduler.cli.dev import DevOptions, default_log_dir, run_dev
+
+    worker_args: list[str] = []
+    for module in args.imports:
+        worker_args += ["--import", module]
+    options = DevOptions(
+        api=args.api,
+        demo=args.demo,
+        log_dir=Path(args.log_dir) if args.log_dir else default_log_dir(),
+        log_level=args.log_level,
+        verbose=args.verbose,
+        ready_timeout_s=args.ready_timeout,
+        worker_args=tuple(worker_args),
+    )
+    return run_dev(options)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses ``argv`` like ``cronscale`` does; usage errors raise SystemExit(2).
+
+    Arguments ``cronscale worker`` does not know are kept, in order, in ``worker_argv``.
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.worker_argv = extra
+    check = getattr(args, "check", None)
+    if check is not None and (problem := check(args)) is not None:
+        args.parser.error(problem)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs ``cronscale`` with ``argv`` (default ``sys.argv[1:]``) and returns the exit status."""
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:
+        return _exit_status(exc)
+    try:
+        status: int = args.run(args)
+    except CronscaleError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`cronscale schedule list | head`): no traceback, and no second
+        # error when Python flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
