@@ -61,6 +61,8 @@ class CassandraScheduleStore:
                 s.update_time,
                 int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
                 s.next_fire_time,
+                s.policies.to_json(),
+                set(s.after) or None,
             ),
         )
         if not applied:
@@ -179,8 +181,30 @@ class CassandraRunStore:
                         r.manual,
                         r.enqueue_time,
                         r.skip_reason or None,
+                        r.error or None,
+                        r.origin_run_id or None,
+                        r.backfill_id or None,
                         _us(min(r.scheduled_for, r.enqueue_time or r.scheduled_for)),
                     ),
+                )
+            )
+        return items
+
+    async def write(self, items: Sequence[tuple[Any, Any, Sequence[Any]]]) -> None:
+        """Writes grouped-write items (see ``write_grouped``)."""
+        await write_grouped(self._session, items)
+
+    def cancel_rows(self, run_ids: Iterable[str]) -> list[tuple[Any, Any, Sequence[Any]]]:
+        """Grouped-write items asking workers to cancel these runs (seen at their heartbeat)."""
+        items: list[tuple[Any, Any, Sequence[Any]]] = []
+        for run_id in run_ids:
+            ref = parse_run_id(run_id)
+            day = day_of(ref.scheduled_for)
+            items.append(
+                (
+                    (ref.schedule_id, day),
+                    self.q["request_cancel"],
+                    (ref.schedule_id, day, ref.scheduled_for, run_id),
                 )
             )
         return items
@@ -191,6 +215,23 @@ class CassandraRunStore:
         for e in events:
             day = day_of(e.scheduled_for)
             where = (e.schedule_id, day, e.scheduled_for, e.run_id)
+            # The schedule's in-progress map follows the run (overlap policies read it).
+            if e.status in (None, RunStatus.RUNNING):
+                items.append(
+                    (
+                        e.schedule_id,
+                        self.q["touch_running"],
+                        (_us(e.event_time), e.run_id, e.event_time, e.schedule_id),
+                    )
+                )
+            else:
+                items.append(
+                    (
+                        e.schedule_id,
+                        self.q["remove_running"],
+                        (e.run_id, _us(e.event_time), e.schedule_id),
+                    )
+                )
             if e.status is RunStatus.RUNNING:
                 items.append(
                     (
@@ -227,6 +268,29 @@ class CassandraRunStore:
                     )
                 )
         await write_grouped(self._session, items)
+
+    async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""
+
+        async def one(run_id: str) -> str | None:
+            ref = parse_run_id(run_id)
+            rows = await aexecute(
+                self._session,
+                self.q["get_cancel_requested"],
+                (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
+            )
+            row = first(rows)
+            return run_id if row is not None and row.cancel_requested else None
+
+        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
+        return {r for r in found if r is not None}
+
+    async def clear_buffered(self, schedule_id: str, buffered_json: str) -> bool:
+        """Takes the held-back run off the schedule, once (concurrent API replicas race)."""
+        applied, _ = await execute_conditional(
+            self._session, self.q["clear_buffered"], (schedule_id, buffered_json)
+        )
+        return applied
 
     async def get(self, run_id: str) -> Run:
         ref = parse_run_id(run_id)

@@ -1,10 +1,12 @@
 """What happens when timers are due: the dispatcher's firing logic, one batch at a time.
 
-For a batch of due fire timers: read their schedules in one multi-partition query, drop the
-timers a change has superseded (generation mismatch, paused, deleted), record each run as
-ENQUEUED and put each schedule's next timer (grouped writes), then produce the run messages to
-Kafka and wait for their acknowledgement. Only then does the scanner move its checkpoint, so a
-crash anywhere re-fires the batch with the same run ids (at-least-once, never lost).
+For a batch of due timers: read their schedules in one multi-partition query and drop the
+timers a change has superseded (generation mismatch, paused, deleted). For each live fire timer
+decide, by the schedule's policies, which slots run and which are recorded SKIPPED with a reason
+(misfire, overlap, max_runs, dst); record the runs (ENQUEUED or SKIPPED), mark enqueued runs in
+progress on their schedule, put each schedule's next timer (grouped writes), then produce the run
+messages to Kafka and wait for their acknowledgement. Only then does the scanner move its
+checkpoint, so a crash anywhere re-fires the batch with the same run ids (at-least-once).
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from bucketer.cassandra import CassandraTimerStore
@@ -25,37 +26,32 @@ from cronscale.v1 import run_message_pb2
 from scheduler import metrics
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION, KafkaRunQueue
-from scheduler.model import Run, RunStatus, Schedule, ScheduleState, run_id_for
-from scheduler.timers import FIRE, FireTimer
-from scheduler.timespec import jitter_offset
+from scheduler.model import (
+    MISFIRE_THRESHOLD,
+    BufferedRun,
+    OverlapMode,
+    Run,
+    RunStatus,
+    Schedule,
+    ScheduleState,
+    SkipReason,
+    run_id_for,
+)
+from scheduler.slots import (
+    MAX_ENUMERATED_MISSES,
+    Slot,
+    dst_skips,
+    next_slot,
+    plan_misfire,
+    slots_between,
+)
+from scheduler.timers import FIRE, RUN, FireTimer, RunTimer
 
 logger = logging.getLogger(__name__)
 
-
-def next_fire(schedule: Schedule, after_slot: datetime, now: datetime) -> FireTimer | None:
-    """The schedule's next pending firing after ``after_slot``.
-
-    If that slot is already past (the fleet was down, or this firing ran late by a whole
-    period), the firing being made stands for the missed slots and the next one is the first
-    after ``now`` (misfire policy FIRE_ONCE, the default).
-    """
-    spec = schedule.spec.timespec
-    nxt = spec.next_after(after_slot)
-    if nxt is not None and nxt.utc <= now:
-        nxt = spec.next_after(now)
-    if nxt is None:
-        return None
-    return FireTimer(
-        schedule_id=schedule.schedule_id,
-        generation=schedule.generation,
-        slot=nxt.utc,
-        scheduled_for=nxt.utc + jitter_offset(schedule.schedule_id, schedule_jitter(schedule)),
-    )
-
-
-def schedule_jitter(schedule: Schedule) -> timedelta:
-    """The schedule's jitter window (none until schedules carry one)."""
-    return timedelta(0)
+# A run in progress that showed no sign of life (enqueue, start, heartbeat) for this long no
+# longer blocks its schedule's overlap policy: its worker is presumed gone.
+STALE_RUN = timedelta(minutes=2)
 
 
 def _ts(t: datetime) -> Timestamp:
@@ -64,8 +60,177 @@ def _ts(t: datetime) -> Timestamp:
     return ts
 
 
+@dataclass
+class FiringPlan:
+    """Everything one batch writes and produces, accumulated before any I/O."""
+
+    enqueue: list[tuple[Schedule, Run]] = field(default_factory=list)
+    skipped: list[Run] = field(default_factory=list)
+    next_timers: list[Timer] = field(default_factory=list)
+    completed: list[tuple[Schedule, datetime]] = field(default_factory=list)
+    buffered: list[tuple[Schedule, BufferedRun]] = field(default_factory=list)
+    cancel: list[str] = field(default_factory=list)
+
+    def skip(self, s: Schedule, slot: Slot | datetime, reason: SkipReason, note: str = "") -> None:
+        at = slot.at if isinstance(slot, Slot) else slot
+        self.skipped.append(
+            Run(
+                run_id=run_id_for(s.schedule_id, at),
+                schedule_id=s.schedule_id,
+                scheduled_for=at,
+                status=RunStatus.SKIPPED,
+                handler=s.handler,
+                tenant=s.tenant,
+                skip_reason=reason.value,
+                error=note,
+            )
+        )
+
+
+def plan_fire(s: Schedule, f: FireTimer, now: datetime, plan: FiringPlan, shard_count: int) -> None:
+    """Decides what a due slot of ``s`` does, by its policies; appends to ``plan``."""
+    due = Slot(slot=f.slot, at=f.scheduled_for)
+    if now - f.scheduled_for > MISFIRE_THRESHOLD:
+        more = slots_between(s, f.slot, now, MAX_ENUMERATED_MISSES)
+        missed = [due, *more]
+        decided = plan_misfire(s.policies, missed, now)
+        to_fire, to_skip = decided.fire, decided.skip
+        last = missed[-1].slot
+        for m in to_skip:
+            plan.skip(s, m, SkipReason.MISFIRE)
+        if len(more) == MAX_ENUMERATED_MISSES:
+            # Far too many to list: one more record stands for the rest, and says so.
+            plan.skip(
+                s,
+                now,
+                SkipReason.MISFIRE,
+                f"further slots after {last.isoformat()} "
+                f"up to {now.isoformat()} were missed and are not listed one by one",
+            )
+            last = now
+    else:
+        to_fire, last = [due], f.slot
+
+    fired = f.fired
+    if s.spec.max_runs:
+        allowed = max(0, s.spec.max_runs - fired)
+        for extra in to_fire[allowed:]:
+            plan.skip(s, extra, SkipReason.MAX_RUNS)
+        to_fire = to_fire[:allowed]
+
+    if to_fire:
+        in_progress = s.in_progress(now, stale_after=STALE_RUN)
+        mode = s.policies.overlap
+        if in_progress and mode is not OverlapMode.ALLOW:
+            if mode is OverlapMode.SKIP:
+                for slot in to_fire:
+                    plan.skip(s, slot, SkipReason.OVERLAP)
+                to_fire = []
+            elif mode is OverlapMode.BUFFER_ONE:
+                first, rest = to_fire[0], to_fire[1:]
+                if s.buffered is None:
+                    plan.buffered.append(
+                        (
+                            s,
+                            BufferedRun(
+                                run_id=run_id_for(s.schedule_id, first.at), scheduled_for=first.at
+                            ),
+                        )
+                    )
+                    fired += 1
+                else:
+                    plan.skip(s, first, SkipReason.OVERLAP)
+                for slot in rest:
+                    plan.skip(s, slot, SkipReason.OVERLAP)
+                to_fire = []
+            else:  # CANCEL_PREVIOUS
+                plan.cancel.extend(in_progress)
+
+    for slot in to_fire:
+        plan.enqueue.append((s, _run(s, run_id_for(s.schedule_id, slot.at), slot.at, now)))
+    fired += len(to_fire)
+
+    nxt = None
+    if not (s.spec.max_runs and fired >= s.spec.max_runs):
+        nxt = next_slot(s, last)
+        if nxt is not None and nxt.slot <= now and now - nxt.at > MISFIRE_THRESHOLD:
+            nxt = next_slot(s, now)
+    until = nxt.slot if nxt is not None else last + timedelta(days=1)
+    plan.skipped.extend(_dst_runs(s, last, until))
+    if nxt is None:
+        plan.completed.append((s, f.scheduled_for))
+        return
+    plan.next_timers.append(
+        FireTimer(
+            schedule_id=s.schedule_id,
+            generation=s.generation,
+            slot=nxt.slot,
+            scheduled_for=nxt.at,
+            fired=fired,
+        ).to_timer(shard_count)
+    )
+
+
+def _dst_runs(s: Schedule, after: datetime, until: datetime) -> list[Run]:
+    return [
+        Run(
+            run_id=k.run_id,
+            schedule_id=s.schedule_id,
+            scheduled_for=k.scheduled_for,
+            status=RunStatus.SKIPPED,
+            handler=s.handler,
+            tenant=s.tenant,
+            skip_reason=k.reason,
+        )
+        for k in dst_skips(s, after, until)
+    ]
+
+
+def _run(
+    s: Schedule,
+    run_id: str,
+    scheduled_for: datetime,
+    now: datetime,
+    *,
+    manual: bool = False,
+    origin_run_id: str = "",
+    backfill_id: str = "",
+) -> Run:
+    return Run(
+        run_id=run_id,
+        schedule_id=s.schedule_id,
+        scheduled_for=scheduled_for,
+        status=RunStatus.ENQUEUED,
+        attempt=1,
+        handler=s.handler,
+        tenant=s.tenant,
+        manual=manual,
+        enqueue_time=now,
+        origin_run_id=origin_run_id,
+        backfill_id=backfill_id,
+    )
+
+
+def plan_run(s: Schedule, r: RunTimer, now: datetime, plan: FiringPlan) -> None:
+    """A prepared run (trigger, rerun, released buffer, dependent, backfill) is enqueued."""
+    plan.enqueue.append(
+        (
+            s,
+            _run(
+                s,
+                r.run_id,
+                r.scheduled_for,
+                now,
+                manual=r.manual,
+                origin_run_id=r.origin_run_id,
+                backfill_id=r.backfill_id,
+            ),
+        )
+    )
+
+
 class Firing:
-    """Turns due timers into enqueued runs and next timers."""
+    """Turns due timers into enqueued (or skipped) runs and next timers."""
 
     def __init__(
         self,
@@ -88,70 +253,72 @@ class Firing:
         """Fires a batch; raises if anything failed, so the scanner retries the batch."""
         started = time.perf_counter()
         fires: list[FireTimer] = []
+        runs: list[RunTimer] = []
         for t in due:
-            if t.kind != FIRE:
+            if t.kind == FIRE:
+                fires.append(FireTimer.from_timer(t))
+            elif t.kind == RUN:
+                runs.append(RunTimer.from_timer(t))
+            else:
                 logger.warning("ignoring timer of unknown kind %r (%s)", t.kind, t.timer_id)
-                continue
-            fires.append(FireTimer.from_timer(t))
-        if not fires:
+        if not fires and not runs:
             return
-        schedules = await self._schedules.get_many([f.schedule_id for f in fires])
+        schedules = await self._schedules.get_many(
+            [f.schedule_id for f in fires] + [r.schedule_id for r in runs]
+        )
         now = self._clock()
-        runs: list[Run] = []
-        messages: list[run_message_pb2.RunMessage] = []
-        next_timers: list[Timer] = []
-        completed: list[tuple[Schedule, FireTimer]] = []
+        plan = FiringPlan()
         for f in fires:
             s = schedules.get(f.schedule_id)
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
-            run = Run(
-                run_id=run_id_for(s.schedule_id, f.scheduled_for),
-                schedule_id=s.schedule_id,
-                scheduled_for=f.scheduled_for,
-                status=RunStatus.ENQUEUED,
-                attempt=1,
-                handler=s.handler,
-                tenant=s.tenant,
-                enqueue_time=now,
-            )
-            runs.append(run)
-            messages.append(self._message(s, run))
-            nxt = next_fire(s, f.slot, now)
-            if nxt is None:
-                completed.append((s, f))
-            else:
-                next_timers.append(nxt.to_timer(self._timers.shard_count))
-        if not runs:
-            return
-        items = self._runs.insert_rows(runs)
+            plan_fire(s, f, now, plan, self._timers.shard_count)
+        for r in runs:
+            s = schedules.get(r.schedule_id)
+            if s is None or s.state is ScheduleState.CANCELLED:
+                metrics.TIMERS_SUPERSEDED.inc()
+                continue
+            plan_run(s, r, now, plan)
+        await self._apply(plan, now)
+        done = self._clock()
+        for _s, run in plan.enqueue:
+            metrics.RUNS_ENQUEUED.labels(tier="standard").inc()
+            metrics.FIRE_LAG.observe(max(0.0, (done - run.scheduled_for).total_seconds()))
+        for run in plan.skipped:
+            metrics.RUNS_SKIPPED.labels(reason=run.skip_reason).inc()
+        logger.debug(
+            "fired %d runs, skipped %d in %.1f ms",
+            len(plan.enqueue),
+            len(plan.skipped),
+            (time.perf_counter() - started) * 1e3,
+        )
+
+    async def _apply(self, plan: FiringPlan, now: datetime) -> None:
         q = self._schedules.q
-        for s, f in completed:
+        items = self._runs.insert_rows([r for _s, r in plan.enqueue] + plan.skipped)
+        for s, run in plan.enqueue:
+            items.append((s.schedule_id, q["add_running"], (run.run_id, now, s.schedule_id)))
+        for s, buffered in plan.buffered:
+            items.append((s.schedule_id, q["set_buffered"], (buffered.to_json(), s.schedule_id)))
+        for s, at in plan.completed:
             items.append(
                 (
                     s.schedule_id,
                     q["record_completed"],
                     (
-                        int(f.scheduled_for.timestamp() * 1_000_000),
-                        f.scheduled_for,
+                        int(at.timestamp() * 1_000_000),
+                        at,
                         ScheduleState.COMPLETED.value,
                         s.schedule_id,
                     ),
                 )
             )
-        await write_grouped(self._runs_session, items)
-        await self._timers.put(next_timers, now=now)
-        await self._queue.enqueue(self._topic, messages)
-        done = self._clock()
-        for r in runs:
-            metrics.RUNS_ENQUEUED.labels(tier="standard").inc()
-            metrics.FIRE_LAG.observe(max(0.0, (done - r.scheduled_for).total_seconds()))
-        logger.debug("fired %d runs in %.1f ms", len(runs), (time.perf_counter() - started) * 1e3)
-
-    @property
-    def _runs_session(self) -> Any:
-        return self._runs.session
+        items.extend(self._runs.cancel_rows(plan.cancel))
+        await write_grouped(self._runs.session, items)
+        await self._timers.put(plan.next_timers, now=now)
+        if plan.enqueue:
+            await self._queue.enqueue(self._topic, [self._message(s, r) for s, r in plan.enqueue])
 
     def _message(self, s: Schedule, run: Run) -> run_message_pb2.RunMessage:
         m = run_message_pb2.RunMessage(
@@ -168,7 +335,5 @@ class Firing:
         assert run.enqueue_time is not None
         m.enqueue_time.CopyFrom(_ts(run.enqueue_time))
         if s.max_runtime:
-            d = Duration()
-            d.FromTimedelta(s.max_runtime)
-            m.max_runtime.CopyFrom(d)
+            m.max_runtime.FromTimedelta(s.max_runtime)
         return m

@@ -18,6 +18,9 @@ TIMERS_SUPERSEDED = Counter(
     "cronscale_timers_superseded_total",
     "Due timers dropped because their schedule changed, paused or was deleted since.",
 )
+RUNS_SKIPPED = Counter(
+    "cronscale_runs_skipped_total", "Slots recorded SKIPPED instead of running.", ["reason"]
+)
 OWNED_SHARDS = Gauge("cronscale_owned_shards", "Shards this dispatcher owns.")
 RUN_REPORTS = Counter(
     "cronscale_run_reports_total", "Run events recorded from workers.", ["status"]

@@ -16,7 +16,14 @@ from functools import cached_property
 from typing import Any
 
 from scheduler.errors import InvalidArgument
-from scheduler.timespec import TimeSpec, one_shot, parse_cron, parse_interval
+from scheduler.timespec import (
+    GapPolicy,
+    OverlapPolicy,
+    TimeSpec,
+    one_shot,
+    parse_cron,
+    parse_interval,
+)
 
 SPEC_VERSION = 1
 DEFAULT_TENANT = "default"
@@ -48,6 +55,84 @@ class SpecKind(enum.StrEnum):
     ONCE = "once"
 
 
+class OverlapMode(enum.StrEnum):
+    """What a slot does when the previous run is still in progress."""
+
+    SKIP = "SKIP"
+    ALLOW = "ALLOW"
+    BUFFER_ONE = "BUFFER_ONE"
+    CANCEL_PREVIOUS = "CANCEL_PREVIOUS"
+
+
+class MisfireMode(enum.StrEnum):
+    """What slots missed while nothing could fire them do."""
+
+    SKIP = "SKIP"
+    FIRE_ONCE = "FIRE_ONCE"
+    FIRE_ALL = "FIRE_ALL"
+
+
+class SkipReason(enum.StrEnum):
+    """Why a slot did not run (``Run.skip_reason``)."""
+
+    OVERLAP = "overlap"
+    MISFIRE = "misfire"
+    PAUSED = "paused"
+    DST = "dst"
+    END_BOUND = "end_bound"
+    MAX_RUNS = "max_runs"
+
+
+DEFAULT_CATCH_UP_WINDOW = timedelta(hours=1)
+DEFAULT_MAX_CATCH_UP = 100
+# A slot fired later than this counts as missed: its misfire policy decides (Quartz's
+# misfireThreshold).
+MISFIRE_THRESHOLD = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulePolicies:
+    """Execution policies, stored as a versioned JSON document in ``schedules.policies``."""
+
+    overlap: OverlapMode = OverlapMode.SKIP
+    misfire: MisfireMode = MisfireMode.FIRE_ONCE
+    catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
+    max_catch_up: int = DEFAULT_MAX_CATCH_UP
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "v": SPEC_VERSION,
+                "overlap": self.overlap.value,
+                "misfire": self.misfire.value,
+                "catch_up_ms": int(self.catch_up_window.total_seconds() * 1000),
+                "max_catch_up": self.max_catch_up,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SchedulePolicies:
+        if not text:
+            return cls()
+        doc = json.loads(text)
+        _require_version(doc, "schedule policies")
+        return cls(
+            overlap=OverlapMode(doc.get("overlap", "SKIP")),
+            misfire=MisfireMode(doc.get("misfire", "FIRE_ONCE")),
+            catch_up_window=timedelta(milliseconds=doc.get("catch_up_ms", 3_600_000)),
+            max_catch_up=int(doc.get("max_catch_up", DEFAULT_MAX_CATCH_UP)),
+        )
+
+
+def _require_version(doc: dict[str, Any], what: str) -> None:
+    if doc.get("v", 0) > SPEC_VERSION:
+        raise UnsupportedVersion(
+            f"{what} version {doc['v']} is newer than this cronscale ({SPEC_VERSION})"
+        )
+
+
 class UnsupportedVersion(Exception):
     """A stored document was written by a newer cronscale than this one."""
 
@@ -62,12 +147,21 @@ class ScheduleSpec:
     every: timedelta | None = None
     anchor: datetime | None = None
     at: datetime | None = None
+    # None: the expression's default (Debian cron rule).
+    dst_gap: GapPolicy | None = None
+    dst_overlap: OverlapPolicy | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    max_runs: int = 0
+    jitter: timedelta = timedelta(0)
 
     @cached_property
     def timespec(self) -> TimeSpec:
         """The evaluator of this spec (validated; raises InvalidArgument naming the field)."""
         if self.kind is SpecKind.CRON:
-            return parse_cron(self.cron, self.timezone or "UTC")
+            return parse_cron(
+                self.cron, self.timezone or "UTC", gap=self.dst_gap, overlap=self.dst_overlap
+            )
         if self.kind is SpecKind.INTERVAL:
             if self.every is None or self.anchor is None:
                 raise InvalidArgument("spec.interval.every", "is required")
@@ -78,6 +172,18 @@ class ScheduleSpec:
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {"v": SPEC_VERSION, "kind": self.kind.value, "tz": self.timezone}
+        if self.dst_gap is not None:
+            doc["dst_gap"] = self.dst_gap.value
+        if self.dst_overlap is not None:
+            doc["dst_overlap"] = self.dst_overlap.value
+        if self.start_time is not None:
+            doc["start"] = self.start_time.isoformat()
+        if self.end_time is not None:
+            doc["end"] = self.end_time.isoformat()
+        if self.max_runs:
+            doc["max_runs"] = self.max_runs
+        if self.jitter:
+            doc["jitter_ms"] = int(self.jitter.total_seconds() * 1000)
         if self.kind is SpecKind.CRON:
             doc["cron"] = self.cron
         elif self.kind is SpecKind.INTERVAL:
@@ -92,10 +198,7 @@ class ScheduleSpec:
     @classmethod
     def from_json(cls, text: str) -> ScheduleSpec:
         doc = json.loads(text)
-        if doc.get("v", 0) > SPEC_VERSION:
-            raise UnsupportedVersion(
-                f"schedule spec version {doc['v']} is newer than this cronscale ({SPEC_VERSION})"
-            )
+        _require_version(doc, "schedule spec")
         kind = SpecKind(doc["kind"])
         return cls(
             kind=kind,
@@ -104,6 +207,12 @@ class ScheduleSpec:
             every=timedelta(milliseconds=doc["every_ms"]) if "every_ms" in doc else None,
             anchor=datetime.fromisoformat(doc["anchor"]) if "anchor" in doc else None,
             at=datetime.fromisoformat(doc["at"]) if "at" in doc else None,
+            dst_gap=GapPolicy(doc["dst_gap"]) if "dst_gap" in doc else None,
+            dst_overlap=OverlapPolicy(doc["dst_overlap"]) if "dst_overlap" in doc else None,
+            start_time=datetime.fromisoformat(doc["start"]) if "start" in doc else None,
+            end_time=datetime.fromisoformat(doc["end"]) if "end" in doc else None,
+            max_runs=int(doc.get("max_runs", 0)),
+            jitter=timedelta(milliseconds=doc.get("jitter_ms", 0)),
         )
 
 
@@ -129,6 +238,14 @@ class Schedule:
     max_runtime: timedelta | None = None
     last_fire_time: datetime | None = None
     next_fire_time: datetime | None = None
+    policies: SchedulePolicies = field(default_factory=SchedulePolicies)
+    # Upstream schedules this one runs after, and schedules that run after this one.
+    after: frozenset[str] = frozenset()
+    downstream: frozenset[str] = frozenset()
+    # Runs in progress: run id -> last sign of life (enqueue, start, heartbeat).
+    running: dict[str, datetime] = field(default_factory=dict)
+    # A run held back by BUFFER_ONE until the running one finishes.
+    buffered: BufferedRun | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Schedule:
@@ -152,7 +269,38 @@ class Schedule:
             ),
             last_fire_time=aware(row.last_fire_time),
             next_fire_time=aware(row.next_fire_time),
+            policies=SchedulePolicies.from_json(getattr(row, "policies", None)),
+            after=frozenset(getattr(row, "after", None) or ()),
+            downstream=frozenset(getattr(row, "downstream", None) or ()),
+            running={
+                k: aware(v) or datetime.min.replace(tzinfo=UTC)
+                for k, v in (getattr(row, "running", None) or {}).items()
+            },
+            buffered=BufferedRun.from_json(getattr(row, "buffered", None)),
         )
+
+    def in_progress(self, now: datetime, *, stale_after: timedelta) -> list[str]:
+        """Run ids still in progress: a sign of life within ``stale_after`` (a run whose worker
+        vanished stops blocking its schedule once its lease would have ended)."""
+        return [rid for rid, seen in self.running.items() if now - seen < stale_after]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BufferedRun:
+    """A slot BUFFER_ONE holds back: fired when the run in progress finishes."""
+
+    run_id: str
+    scheduled_for: datetime
+
+    def to_json(self) -> str:
+        return json.dumps({"v": 1, "run_id": self.run_id, "at": self.scheduled_for.isoformat()})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> BufferedRun | None:
+        if not text:
+            return None
+        doc = json.loads(text)
+        return cls(run_id=doc["run_id"], scheduled_for=datetime.fromisoformat(doc["at"]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +321,8 @@ class Run:
     worker_id: str = ""
     error: str = ""
     skip_reason: str = ""
+    origin_run_id: str = ""
+    backfill_id: str = ""
 
     @classmethod
     def from_row(cls, row: Any) -> Run:
@@ -191,6 +341,8 @@ class Run:
             worker_id=row.worker_id or "",
             error=row.error or "",
             skip_reason=row.skip_reason or "",
+            origin_run_id=getattr(row, "origin_run_id", None) or "",
+            backfill_id=getattr(row, "backfill_id", None) or "",
         )
 
 
@@ -209,13 +361,22 @@ class RunRef:
 _RUN_TIME_FORMAT = "%Y%m%dT%H%M%S"
 
 
-def run_id_for(schedule_id: str, scheduled_for: datetime, *, manual: bool = False) -> str:
-    """The run id of a slot; ``manual`` adds a random suffix (a trigger is a fresh run)."""
+def run_id_for(
+    schedule_id: str, scheduled_for: datetime, *, manual: bool = False, suffix: str = ""
+) -> str:
+    """The run id of a slot.
+
+    ``manual`` adds a random suffix (a trigger is a fresh run); ``suffix`` a deterministic one
+    (``bf`` for a backfill run, ``d<hash>`` for a dependent run, ``dst-HHMM`` for a slot a DST
+    gap dropped), so those never collide with the slot's scheduled run.
+    """
     t = scheduled_for.astimezone(UTC)
     stamp = f"{t.strftime(_RUN_TIME_FORMAT)}.{t.microsecond // 1000:03d}Z"
     rid = f"{schedule_id}@{stamp}"
     if manual:
         rid += "~" + secrets.token_hex(4)
+    elif suffix:
+        rid += "~" + suffix
     return rid
 
 

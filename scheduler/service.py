@@ -17,19 +17,22 @@ from datetime import UTC, datetime
 from bucketer.cassandra import CassandraTimerStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument
-from scheduler.firing import schedule_jitter
 from scheduler.model import (
+    MisfireMode,
     Run,
+    RunStatus,
     Schedule,
     ScheduleState,
+    SkipReason,
     SpecKind,
     new_generation,
+    run_id_for,
     validate_handler,
     validate_payload,
     validate_schedule_id,
 )
-from scheduler.timers import FireTimer
-from scheduler.timespec import jitter_offset
+from scheduler.slots import MAX_ENUMERATED_MISSES, next_slot, plan_misfire, slots_between
+from scheduler.timers import FireTimer, RunTimer
 
 logger = logging.getLogger(__name__)
 
@@ -65,18 +68,36 @@ class ScheduleService:
         self._timers = timers
         self._clock = clock
 
-    def _first_fire(self, s: Schedule, now: datetime) -> FireTimer | None:
+    @property
+    def schedules(self) -> CassandraScheduleStore:
+        return self._schedules
+
+    @property
+    def runs(self) -> CassandraRunStore:
+        return self._runs
+
+    @property
+    def timers(self) -> CassandraTimerStore:
+        return self._timers
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    def first_fire(self, s: Schedule, now: datetime, *, fired: int = 0) -> FireTimer | None:
+        """The schedule's pending timer for its first slot after ``now`` (the dispatcher's
+        own rule: bounds and jitter applied), or None if it never fires again."""
         try:
-            nxt = s.spec.timespec.next_after(now)
+            nxt = next_slot(s, now)
         except InvalidArgument as e:
             raise _spec_error(e, s.spec.kind) from None
-        if nxt is None:
+        if nxt is None or (s.spec.max_runs and fired >= s.spec.max_runs):
             return None
         return FireTimer(
             schedule_id=s.schedule_id,
             generation=s.generation,
-            slot=nxt.utc,
-            scheduled_for=nxt.utc + jitter_offset(s.schedule_id, schedule_jitter(s)),
+            slot=nxt.slot,
+            scheduled_for=nxt.at,
+            fired=fired,
         )
 
     async def create(self, draft: Schedule, *, schedule_id: str = "") -> Schedule:
@@ -101,7 +122,7 @@ class ScheduleService:
                 "schedule.spec.once.at",
                 f"{s.spec.at.isoformat()} is in the past (now {now:%Y-%m-%dT%H:%M:%SZ})",
             )
-        first = self._first_fire(s, now)
+        first = self.first_fire(s, now)
         if first is None:
             raise InvalidArgument("schedule.spec", "never fires after now")
         s = replace(s, next_fire_time=first.scheduled_for)
@@ -123,7 +144,7 @@ class ScheduleService:
         now = self._clock()
         if s.next_fire_time is not None and s.next_fire_time > now:
             return s
-        nxt = self._first_fire(s, now)
+        nxt = self.first_fire(s, now)
         return replace(s, next_fire_time=nxt.scheduled_for if nxt else None)
 
     async def list_page(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:
@@ -151,7 +172,12 @@ class ScheduleService:
             raise Aborted(f"schedule {schedule_id!r} changed concurrently; read it and retry")
         return await self.get(schedule_id)
 
-    async def resume(self, schedule_id: str) -> Schedule:
+    async def resume(
+        self, schedule_id: str, *, misfire_override: MisfireMode | None = None
+    ) -> Schedule:
+        """Fires again from the next slot after now. The slots that came due while paused are
+        handled by the misfire policy (or ``misfire_override``): SKIPPED with reason
+        ``paused``, or run now (the latest, or all inside the catch-up window)."""
         s = await self._schedules.get(schedule_id)
         if s.state is ScheduleState.ACTIVE:
             return self._with_next(s)
@@ -159,18 +185,73 @@ class ScheduleService:
             raise FailedPrecondition(f"schedule {schedule_id!r} is {s.state.value}, not PAUSED")
         now = self._clock()
         resumed = replace(s, generation=new_generation(), state=ScheduleState.ACTIVE)
-        first = self._first_fire(resumed, now)
+        missed = slots_between(resumed, s.pause_time or now, now, MAX_ENUMERATED_MISSES)
+        decided = plan_misfire(s.policies, missed, now, mode=misfire_override)
+        fired = await self._fired_so_far(s) if s.spec.max_runs else 0
+        catch_up = (
+            decided.fire[: max(0, s.spec.max_runs - fired)] if s.spec.max_runs else decided.fire
+        )
+        first = self.first_fire(resumed, now, fired=fired + len(catch_up))
+        timers = [
+            RunTimer(
+                schedule_id=s.schedule_id,
+                run_id=run_id_for(s.schedule_id, slot.at),
+                scheduled_for=slot.at,
+                fire_at=now,
+            ).to_timer(self._timers.shard_count)
+            for slot in catch_up
+        ]
         if first is not None:
-            await self._timers.put([first.to_timer(self._timers.shard_count)], now=now)
+            timers.append(first.to_timer(self._timers.shard_count))
+        await self._timers.put(timers, now=now)
         if not await self._schedules.change_state(
             s,
-            state=ScheduleState.ACTIVE if first else ScheduleState.COMPLETED,
+            state=ScheduleState.ACTIVE if first or catch_up else ScheduleState.COMPLETED,
             generation=resumed.generation,
             now=now,
             next_fire_time=first.scheduled_for if first else None,
         ):
             raise Aborted(f"schedule {schedule_id!r} changed concurrently; read it and retry")
+        fire_slots = {slot.slot for slot in catch_up}
+        skipped = [
+            Run(
+                run_id=run_id_for(s.schedule_id, slot.at),
+                schedule_id=s.schedule_id,
+                scheduled_for=slot.at,
+                status=RunStatus.SKIPPED,
+                handler=s.handler,
+                tenant=s.tenant,
+                skip_reason=SkipReason.PAUSED.value,
+            )
+            for slot in missed
+            if slot.slot not in fire_slots
+        ]
+        await self._runs.write(self._runs.insert_rows(skipped))
+        logger.info(
+            "resumed schedule %s: %d missed slots, %d run now, %d skipped",
+            schedule_id,
+            len(missed),
+            len(catch_up),
+            len(skipped),
+            extra={"schedule_id": schedule_id},
+        )
         return await self.get(schedule_id)
+
+    async def _fired_so_far(self, s: Schedule) -> int:
+        """Scheduled runs fired so far (for max_runs across a pause), from the run history."""
+        count, token = 0, ""
+        while True:
+            runs, token = await self._runs.list(s.schedule_id, 1000, token)
+            count += sum(
+                1
+                for r in runs
+                if r.status is not RunStatus.SKIPPED
+                and not r.manual
+                and not r.backfill_id
+                and not r.origin_run_id
+            )
+            if not token:
+                return count
 
     async def delete(self, schedule_id: str) -> None:
         await self._schedules.delete(schedule_id)

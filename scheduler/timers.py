@@ -1,16 +1,24 @@
-"""What the control plane stores in a timer: which schedule, which slot, which generation."""
+"""What the control plane stores in a timer.
+
+Two kinds: a ``FireTimer`` is a schedule's pending slot (which schedule, which slot, which
+generation, how many runs fired before it); a ``RunTimer`` is one prepared run the dispatcher
+should enqueue as soon as it is due (a manual trigger, a rerun, a run BUFFER_ONE held back, a
+dependent run, a backfill slot). Both are versioned JSON in the timer's ``data``.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from bucketer.keys import shard_of
 from bucketer.model import Timer
 from scheduler.model import UnsupportedVersion
 
 FIRE = "fire"
+RUN = "run"
 _VERSION = 1
 
 
@@ -20,43 +28,97 @@ class FireTimer:
 
     ``slot`` is the spec's time (what the next slot is computed from); ``scheduled_for`` is the
     slot plus the schedule's jitter (when it fires, and what its run id derives from).
+    ``fired`` counts the runs fired before this slot (for ``max_runs``).
     """
 
     schedule_id: str
     generation: int
     slot: datetime
     scheduled_for: datetime
+    fired: int = 0
 
     def to_timer(self, shard_count: int) -> Timer:
-        data = json.dumps(
-            {
-                "v": _VERSION,
-                "g": self.generation,
-                "slot": _ms(self.slot),
-                "at": _ms(self.scheduled_for),
-            },
-            separators=(",", ":"),
-        ).encode()
-        return Timer(
-            fire_time=self.scheduled_for,
-            timer_id=self.schedule_id,
-            shard=shard_of(self.schedule_id, shard_count),
-            kind=FIRE,
-            key=self.schedule_id,
-            data=data,
+        doc = {
+            "v": _VERSION,
+            "g": self.generation,
+            "slot": _ms(self.slot),
+            "at": _ms(self.scheduled_for),
+            "n": self.fired,
+        }
+        return _timer(
+            FIRE, self.schedule_id, self.schedule_id, self.scheduled_for, doc, shard_count
         )
 
     @classmethod
     def from_timer(cls, timer: Timer) -> FireTimer:
-        doc = json.loads(timer.data)
-        if doc.get("v", 0) > _VERSION:
-            raise UnsupportedVersion(f"fire timer version {doc['v']} is newer than {_VERSION}")
+        doc = _load(timer)
         return cls(
             schedule_id=timer.key,
             generation=int(doc["g"]),
             slot=_from_ms(doc["slot"]),
             scheduled_for=_from_ms(doc["at"]),
+            fired=int(doc.get("n", 0)),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunTimer:
+    """One prepared run to enqueue when due (not subject to the schedule's slots)."""
+
+    schedule_id: str
+    run_id: str
+    scheduled_for: datetime
+    fire_at: datetime
+    manual: bool = False
+    origin_run_id: str = ""
+    backfill_id: str = ""
+
+    def to_timer(self, shard_count: int) -> Timer:
+        doc: dict[str, Any] = {
+            "v": _VERSION,
+            "run": self.run_id,
+            "at": _ms(self.scheduled_for),
+            "manual": self.manual,
+        }
+        if self.origin_run_id:
+            doc["origin"] = self.origin_run_id
+        if self.backfill_id:
+            doc["backfill"] = self.backfill_id
+        # The run id is the timer id: putting the same run twice is one timer.
+        return _timer(RUN, self.schedule_id, self.run_id, self.fire_at, doc, shard_count)
+
+    @classmethod
+    def from_timer(cls, timer: Timer) -> RunTimer:
+        doc = _load(timer)
+        return cls(
+            schedule_id=timer.key,
+            run_id=doc["run"],
+            scheduled_for=_from_ms(doc["at"]),
+            fire_at=timer.fire_time,
+            manual=bool(doc.get("manual", False)),
+            origin_run_id=doc.get("origin", ""),
+            backfill_id=doc.get("backfill", ""),
+        )
+
+
+def _timer(
+    kind: str, key: str, timer_id: str, fire_at: datetime, doc: dict[str, Any], shard_count: int
+) -> Timer:
+    return Timer(
+        fire_time=fire_at,
+        timer_id=timer_id,
+        shard=shard_of(key, shard_count),
+        kind=kind,
+        key=key,
+        data=json.dumps(doc, separators=(",", ":")).encode(),
+    )
+
+
+def _load(timer: Timer) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(timer.data)
+    if doc.get("v", 0) > _VERSION:
+        raise UnsupportedVersion(f"{timer.kind} timer version {doc['v']} is newer than {_VERSION}")
+    return doc
 
 
 def _ms(t: datetime) -> int:

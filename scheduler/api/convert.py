@@ -13,6 +13,7 @@ from scheduler.cassandra import RunEventRecord
 from scheduler.errors import InvalidArgument
 from scheduler.model import (
     DEFAULT_TENANT,
+    MisfireMode,
     Run,
     RunStatus,
     Schedule,
@@ -42,6 +43,23 @@ _EVENT_STATUS: dict[int, RunStatus | None] = {
     rr_pb2.RUN_EVENT_KIND_SUCCEEDED: RunStatus.SUCCEEDED,
     rr_pb2.RUN_EVENT_KIND_FAILED: RunStatus.FAILED,
 }
+
+
+_MISFIRE = {
+    schedule_pb2.MISFIRE_POLICY_SKIP: MisfireMode.SKIP,
+    schedule_pb2.MISFIRE_POLICY_FIRE_ONCE: MisfireMode.FIRE_ONCE,
+    schedule_pb2.MISFIRE_POLICY_FIRE_ALL: MisfireMode.FIRE_ALL,
+}
+
+
+def misfire_from_proto(value: int, field: str) -> MisfireMode | None:
+    """A misfire policy enum; None when unspecified; InvalidArgument naming ``field`` if
+    the number is not a known policy."""
+    if value == schedule_pb2.MISFIRE_POLICY_UNSPECIFIED:
+        return None
+    if value not in _MISFIRE:
+        raise InvalidArgument(field, f"unknown misfire policy {value}")
+    return _MISFIRE[value]  # type: ignore[index]
 
 
 def ts(t: datetime | None) -> Timestamp | None:
@@ -146,6 +164,8 @@ def run_to_proto(r: Run) -> schedule_pb2.Run:
         manual=r.manual,
         skip_reason=r.skip_reason,
         tenant=r.tenant,
+        origin_run_id=r.origin_run_id,
+        backfill_id=r.backfill_id,
     )
 
 

@@ -9,25 +9,27 @@ from cronscale.v1 import run_reporting_service_pb2_grpc as rr_grpc
 from scheduler import metrics
 from scheduler.api.convert import event_from_proto
 from scheduler.api.status import Context, grpc_errors
-from scheduler.cassandra import CassandraRunStore
 from scheduler.errors import InvalidArgument
+from scheduler.reports import RunReports
 
 MAX_EVENTS = 5000
 
 
 class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
-    def __init__(self, runs: CassandraRunStore) -> None:
-        self._runs = runs
+    def __init__(self, reports: RunReports) -> None:
+        self._reports = reports
 
     async def _record(self, events: list[rr_pb2.RunEvent]) -> list[rr_pb2.RunEventAck]:
         if len(events) > MAX_EVENTS:
             raise InvalidArgument("events", f"at most {MAX_EVENTS} per call, got {len(events)}")
         now = datetime.now(UTC)
         records = [event_from_proto(e, i, now=now) for i, e in enumerate(events)]
-        await self._runs.record_events(records)
+        cancel = await self._reports.record(records)
         for r in records:
             metrics.RUN_REPORTS.labels(status=r.status.value if r.status else "HEARTBEAT").inc()
-        return [rr_pb2.RunEventAck(run_id=e.run_id) for e in events]
+        return [
+            rr_pb2.RunEventAck(run_id=e.run_id, cancel_requested=e.run_id in cancel) for e in events
+        ]
 
     @grpc_errors
     async def ReportRuns(

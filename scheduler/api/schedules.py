@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
-from scheduler.api.convert import run_to_proto, schedule_from_proto, schedule_to_proto
+from scheduler.api.backfills import BackfillRpcs
+from scheduler.api.convert import (
+    misfire_from_proto,
+    run_to_proto,
+    schedule_from_proto,
+    schedule_to_proto,
+)
+from scheduler.api.lifecycle import LifecycleRpcs
+from scheduler.api.preview import PreviewRpcs
 from scheduler.api.status import Context, grpc_errors
 from scheduler.errors import InvalidArgument
 from scheduler.model import parse_run_id, validate_schedule_id
@@ -29,7 +37,12 @@ def _id(value: str, field: str = "id") -> str:
     return validate_schedule_id(value, field)
 
 
-class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
+class SchedulerServicer(
+    PreviewRpcs, LifecycleRpcs, BackfillRpcs, scheduler_service_pb2_grpc.SchedulerServiceServicer
+):
+    """The SchedulerService. The core RPCs are here; the rest come from one mixin per concern
+    (``api/preview.py``, ``api/lifecycle.py``, ``api/backfills.py``)."""
+
     def __init__(self, service: ScheduleService) -> None:
         self._svc = service
 
@@ -69,7 +82,8 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     async def ResumeSchedule(
         self, request: scheduler_service_pb2.ResumeScheduleRequest, context: Context
     ) -> schedule_pb2.Schedule:
-        return schedule_to_proto(await self._svc.resume(_id(request.id)))
+        override = misfire_from_proto(request.misfire_override, "misfire_override")
+        return schedule_to_proto(await self._svc.resume(_id(request.id), misfire_override=override))
 
     @grpc_errors
     async def DeleteSchedule(

@@ -22,6 +22,7 @@ from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
+from scheduler.reports import RunReports
 from scheduler.service import ScheduleService
 from scheduler.session import open_session, shard_count
 
@@ -53,7 +54,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
             SchedulerServicer(service), server
         )
         run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
-            RunReportingServicer(runs), server
+            RunReportingServicer(RunReports(schedules=schedules, runs=runs, timers=timers)), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

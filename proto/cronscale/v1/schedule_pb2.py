@@ -26,27 +26,45 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ronscale/v1/schedule.proto\x12\x0c\x63ronscale.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"0\n\x08\x43ronSpec\x12\x12\n\nexpression\x18\x01 \x01(\t\x12\x10\n\x08timezone\x18\x02 \x01(\t\"d\n\x0cIntervalSpec\x12(\n\x05\x65very\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x06\x61nchor\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"5\n\x0bOneShotSpec\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x99\x01\n\x0cScheduleSpec\x12&\n\x04\x63ron\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.CronSpecH\x00\x12.\n\x08interval\x18\x02 \x01(\x0b\x32\x1a.cronscale.v1.IntervalSpecH\x00\x12)\n\x04once\x18\x03 \x01(\x0b\x32\x19.cronscale.v1.OneShotSpecH\x00\x42\x06\n\x04kind\"\xda\x03\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07handler\x18\x04 \x01(\t\x12(\n\x04spec\x18\x05 \x01(\x0b\x32\x1a.cronscale.v1.ScheduleSpec\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12*\n\x05state\x18\x07 \x01(\x0e\x32\x1b.cronscale.v1.ScheduleState\x12\x0f\n\x07version\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\npause_note\x18\x0c \x01(\t\x12\x11\n\tpaused_by\x18\r \x01(\t\x12.\n\npause_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0bmax_runtime\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\"\x92\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.cronscale.v1.RunStatus\x12\x31\n\rscheduled_for\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x65nqueue_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12\x0f\n\x07handler\x18\t \x01(\t\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x11\n\tworker_id\x18\x0b \x01(\t\x12\x0e\n\x06manual\x18\x0c \x01(\x08\x12\x13\n\x0bskip_reason\x18\r \x01(\t\x12\x0e\n\x06tenant\x18\x0e \x01(\t*\xa1\x01\n\rScheduleState\x12\x1e\n\x1aSCHEDULE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SCHEDULE_STATE_ACTIVE\x10\x01\x12\x19\n\x15SCHEDULE_STATE_PAUSED\x10\x02\x12\x1c\n\x18SCHEDULE_STATE_COMPLETED\x10\x03\x12\x1c\n\x18SCHEDULE_STATE_CANCELLED\x10\x04*\xd9\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13RUN_STATUS_ENQUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x18\n\x14RUN_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11RUN_STATUS_FAILED\x10\x04\x12\x16\n\x12RUN_STATUS_SKIPPED\x10\x05\x12\x1c\n\x18RUN_STATUS_DEAD_LETTERED\x10\x06\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ronscale/v1/schedule.proto\x12\x0c\x63ronscale.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\x08\x43ronSpec\x12\x12\n\nexpression\x18\x01 \x01(\t\x12\x10\n\x08timezone\x18\x02 \x01(\t\x12$\n\x03\x64st\x18\x03 \x01(\x0b\x32\x17.cronscale.v1.DstPolicy\"e\n\tDstPolicy\x12\'\n\x03gap\x18\x01 \x01(\x0e\x32\x1a.cronscale.v1.DstGapPolicy\x12/\n\x07overlap\x18\x02 \x01(\x0e\x32\x1e.cronscale.v1.DstOverlapPolicy\"d\n\x0cIntervalSpec\x12(\n\x05\x65very\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x06\x61nchor\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"5\n\x0bOneShotSpec\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb4\x02\n\x0cScheduleSpec\x12&\n\x04\x63ron\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.CronSpecH\x00\x12.\n\x08interval\x18\x02 \x01(\x0b\x32\x1a.cronscale.v1.IntervalSpecH\x00\x12)\n\x04once\x18\x03 \x01(\x0b\x32\x19.cronscale.v1.OneShotSpecH\x00\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08max_runs\x18\x06 \x01(\x03\x12)\n\x06jitter\x18\x07 \x01(\x0b\x32\x19.google.protobuf.DurationB\x06\n\x04kind\"\xb8\x01\n\x10SchedulePolicies\x12,\n\x07overlap\x18\x01 \x01(\x0e\x32\x1b.cronscale.v1.OverlapPolicy\x12,\n\x07misfire\x18\x02 \x01(\x0e\x32\x1b.cronscale.v1.MisfirePolicy\x12\x32\n\x0f\x63\x61tch_up_window\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_catch_up\x18\x04 \x01(\x05\"\xae\x04\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07handler\x18\x04 \x01(\t\x12(\n\x04spec\x18\x05 \x01(\x0b\x32\x1a.cronscale.v1.ScheduleSpec\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12*\n\x05state\x18\x07 \x01(\x0e\x32\x1b.cronscale.v1.ScheduleState\x12\x0f\n\x07version\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\npause_note\x18\x0c \x01(\t\x12\x11\n\tpaused_by\x18\r \x01(\t\x12.\n\npause_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0bmax_runtime\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x08policies\x18\x10 \x01(\x0b\x32\x1e.cronscale.v1.SchedulePolicies\x12\r\n\x05\x61\x66ter\x18\x11 \x03(\t\x12\x11\n\trun_count\x18\x12 \x01(\x03\"\xbe\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.cronscale.v1.RunStatus\x12\x31\n\rscheduled_for\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x65nqueue_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12\x0f\n\x07handler\x18\t \x01(\t\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x11\n\tworker_id\x18\x0b \x01(\t\x12\x0e\n\x06manual\x18\x0c \x01(\x08\x12\x13\n\x0bskip_reason\x18\r \x01(\t\x12\x0e\n\x06tenant\x18\x0e \x01(\t\x12\x15\n\rorigin_run_id\x18\x0f \x01(\t\x12\x13\n\x0b\x62\x61\x63kfill_id\x18\x10 \x01(\t\"W\n\x0f\x46ireTimePreview\x12\'\n\x03utc\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05local\x18\x02 \x01(\t\x12\x0c\n\x04note\x18\x03 \x01(\t\"\x87\x02\n\x08\x42\x61\x63kfill\x12\x13\n\x0b\x62\x61\x63kfill_id\x18\x01 \x01(\t\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05total\x18\x05 \x01(\x03\x12\x10\n\x08\x65nqueued\x18\x06 \x01(\x03\x12\x0c\n\x04\x64one\x18\x07 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63oncurrency\x18\t \x01(\x05\"<\n\x0e\x44\x65pendencyEdge\x12\x13\n\x0bupstream_id\x18\x01 \x01(\t\x12\x15\n\rdownstream_id\x18\x02 \x01(\t*a\n\x0c\x44stGapPolicy\x12\x1e\n\x1a\x44ST_GAP_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44ST_GAP_POLICY_SHIFT\x10\x01\x12\x17\n\x13\x44ST_GAP_POLICY_SKIP\x10\x02*p\n\x10\x44stOverlapPolicy\x12\"\n\x1e\x44ST_OVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44ST_OVERLAP_POLICY_ONCE\x10\x01\x12\x1b\n\x17\x44ST_OVERLAP_POLICY_BOTH\x10\x02*\xa5\x01\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x01\x12\x18\n\x14OVERLAP_POLICY_ALLOW\x10\x02\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ONE\x10\x03\x12\"\n\x1eOVERLAP_POLICY_CANCEL_PREVIOUS\x10\x04*\x83\x01\n\rMisfirePolicy\x12\x1e\n\x1aMISFIRE_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13MISFIRE_POLICY_SKIP\x10\x01\x12\x1c\n\x18MISFIRE_POLICY_FIRE_ONCE\x10\x02\x12\x1b\n\x17MISFIRE_POLICY_FIRE_ALL\x10\x03*\xa1\x01\n\rScheduleState\x12\x1e\n\x1aSCHEDULE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SCHEDULE_STATE_ACTIVE\x10\x01\x12\x19\n\x15SCHEDULE_STATE_PAUSED\x10\x02\x12\x1c\n\x18SCHEDULE_STATE_COMPLETED\x10\x03\x12\x1c\n\x18SCHEDULE_STATE_CANCELLED\x10\x04*\xd9\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13RUN_STATUS_ENQUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x18\n\x14RUN_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11RUN_STATUS_FAILED\x10\x04\x12\x16\n\x12RUN_STATUS_SKIPPED\x10\x05\x12\x1c\n\x18RUN_STATUS_DEAD_LETTERED\x10\x06\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cronscale.v1.schedule_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCHEDULESTATE']._serialized_start=1356
-  _globals['_SCHEDULESTATE']._serialized_end=1517
-  _globals['_RUNSTATUS']._serialized_start=1520
-  _globals['_RUNSTATUS']._serialized_end=1737
+  _globals['_DSTGAPPOLICY']._serialized_start=2383
+  _globals['_DSTGAPPOLICY']._serialized_end=2480
+  _globals['_DSTOVERLAPPOLICY']._serialized_start=2482
+  _globals['_DSTOVERLAPPOLICY']._serialized_end=2594
+  _globals['_OVERLAPPOLICY']._serialized_start=2597
+  _globals['_OVERLAPPOLICY']._serialized_end=2762
+  _globals['_MISFIREPOLICY']._serialized_start=2765
+  _globals['_MISFIREPOLICY']._serialized_end=2896
+  _globals['_SCHEDULESTATE']._serialized_start=2899
+  _globals['_SCHEDULESTATE']._serialized_end=3060
+  _globals['_RUNSTATUS']._serialized_start=3063
+  _globals['_RUNSTATUS']._serialized_end=3280
   _globals['_CRONSPEC']._serialized_start=110
-  _globals['_CRONSPEC']._serialized_end=158
-  _globals['_INTERVALSPEC']._serialized_start=160
-  _globals['_INTERVALSPEC']._serialized_end=260
-  _globals['_ONESHOTSPEC']._serialized_start=262
-  _globals['_ONESHOTSPEC']._serialized_end=315
-  _globals['_SCHEDULESPEC']._serialized_start=318
-  _globals['_SCHEDULESPEC']._serialized_end=471
-  _globals['_SCHEDULE']._serialized_start=474
-  _globals['_SCHEDULE']._serialized_end=948
-  _globals['_RUN']._serialized_start=951
-  _globals['_RUN']._serialized_end=1353
+  _globals['_CRONSPEC']._serialized_end=196
+  _globals['_DSTPOLICY']._serialized_start=198
+  _globals['_DSTPOLICY']._serialized_end=299
+  _globals['_INTERVALSPEC']._serialized_start=301
+  _globals['_INTERVALSPEC']._serialized_end=401
+  _globals['_ONESHOTSPEC']._serialized_start=403
+  _globals['_ONESHOTSPEC']._serialized_end=456
+  _globals['_SCHEDULESPEC']._serialized_start=459
+  _globals['_SCHEDULESPEC']._serialized_end=767
+  _globals['_SCHEDULEPOLICIES']._serialized_start=770
+  _globals['_SCHEDULEPOLICIES']._serialized_end=954
+  _globals['_SCHEDULE']._serialized_start=957
+  _globals['_SCHEDULE']._serialized_end=1515
+  _globals['_RUN']._serialized_start=1518
+  _globals['_RUN']._serialized_end=1964
+  _globals['_FIRETIMEPREVIEW']._serialized_start=1966
+  _globals['_FIRETIMEPREVIEW']._serialized_end=2053
+  _globals['_BACKFILL']._serialized_start=2056
+  _globals['_BACKFILL']._serialized_end=2319
+  _globals['_DEPENDENCYEDGE']._serialized_start=2321
+  _globals['_DEPENDENCYEDGE']._serialized_end=2381
 # @@protoc_insertion_point(module_scope)

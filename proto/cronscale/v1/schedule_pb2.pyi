@@ -7,10 +7,12 @@ Fields are only ever added. Enum values carry their type as a prefix (protobuf s
 values to the package, and both enums have CANCELLED); the CLI prints them without it.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -22,6 +24,110 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DstGapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DstGapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DstGapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DST_GAP_POLICY_UNSPECIFIED: _DstGapPolicy.ValueType  # 0
+    DST_GAP_POLICY_SHIFT: _DstGapPolicy.ValueType  # 1
+    """Fire once at the first instant after the gap."""
+    DST_GAP_POLICY_SKIP: _DstGapPolicy.ValueType  # 2
+    """Do not fire for wall times that do not exist."""
+
+class DstGapPolicy(_DstGapPolicy, metaclass=_DstGapPolicyEnumTypeWrapper): ...
+
+DST_GAP_POLICY_UNSPECIFIED: DstGapPolicy.ValueType  # 0
+DST_GAP_POLICY_SHIFT: DstGapPolicy.ValueType  # 1
+"""Fire once at the first instant after the gap."""
+DST_GAP_POLICY_SKIP: DstGapPolicy.ValueType  # 2
+"""Do not fire for wall times that do not exist."""
+Global___DstGapPolicy: _TypeAlias = DstGapPolicy  # noqa: Y015
+
+class _DstOverlapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DstOverlapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DstOverlapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DST_OVERLAP_POLICY_UNSPECIFIED: _DstOverlapPolicy.ValueType  # 0
+    DST_OVERLAP_POLICY_ONCE: _DstOverlapPolicy.ValueType  # 1
+    """Fire at the first occurrence of a repeated wall time only."""
+    DST_OVERLAP_POLICY_BOTH: _DstOverlapPolicy.ValueType  # 2
+    """Fire at both occurrences."""
+
+class DstOverlapPolicy(_DstOverlapPolicy, metaclass=_DstOverlapPolicyEnumTypeWrapper): ...
+
+DST_OVERLAP_POLICY_UNSPECIFIED: DstOverlapPolicy.ValueType  # 0
+DST_OVERLAP_POLICY_ONCE: DstOverlapPolicy.ValueType  # 1
+"""Fire at the first occurrence of a repeated wall time only."""
+DST_OVERLAP_POLICY_BOTH: DstOverlapPolicy.ValueType  # 2
+"""Fire at both occurrences."""
+Global___DstOverlapPolicy: _TypeAlias = DstOverlapPolicy  # noqa: Y015
+
+class _OverlapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OverlapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OverlapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OVERLAP_POLICY_UNSPECIFIED: _OverlapPolicy.ValueType  # 0
+    """SKIP."""
+    OVERLAP_POLICY_SKIP: _OverlapPolicy.ValueType  # 1
+    """Record the slot as SKIPPED (reason `overlap`)."""
+    OVERLAP_POLICY_ALLOW: _OverlapPolicy.ValueType  # 2
+    """Run anyway, concurrently."""
+    OVERLAP_POLICY_BUFFER_ONE: _OverlapPolicy.ValueType  # 3
+    """Hold one run back until the running one finishes; further slots are SKIPPED."""
+    OVERLAP_POLICY_CANCEL_PREVIOUS: _OverlapPolicy.ValueType  # 4
+    """Cancel the running run, then start the new one."""
+
+class OverlapPolicy(_OverlapPolicy, metaclass=_OverlapPolicyEnumTypeWrapper):
+    """What happens when a slot comes due while the previous run is still running."""
+
+OVERLAP_POLICY_UNSPECIFIED: OverlapPolicy.ValueType  # 0
+"""SKIP."""
+OVERLAP_POLICY_SKIP: OverlapPolicy.ValueType  # 1
+"""Record the slot as SKIPPED (reason `overlap`)."""
+OVERLAP_POLICY_ALLOW: OverlapPolicy.ValueType  # 2
+"""Run anyway, concurrently."""
+OVERLAP_POLICY_BUFFER_ONE: OverlapPolicy.ValueType  # 3
+"""Hold one run back until the running one finishes; further slots are SKIPPED."""
+OVERLAP_POLICY_CANCEL_PREVIOUS: OverlapPolicy.ValueType  # 4
+"""Cancel the running run, then start the new one."""
+Global___OverlapPolicy: _TypeAlias = OverlapPolicy  # noqa: Y015
+
+class _MisfirePolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MisfirePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MisfirePolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MISFIRE_POLICY_UNSPECIFIED: _MisfirePolicy.ValueType  # 0
+    """FIRE_ONCE."""
+    MISFIRE_POLICY_SKIP: _MisfirePolicy.ValueType  # 1
+    """Record every missed slot as SKIPPED (reason `misfire`) and wait for the next one."""
+    MISFIRE_POLICY_FIRE_ONCE: _MisfirePolicy.ValueType  # 2
+    """One run stands for all missed slots (the latest); the others are SKIPPED."""
+    MISFIRE_POLICY_FIRE_ALL: _MisfirePolicy.ValueType  # 3
+    """Run every missed slot inside the catch-up window (at most `max_catch_up`)."""
+
+class MisfirePolicy(_MisfirePolicy, metaclass=_MisfirePolicyEnumTypeWrapper):
+    """What happens to slots that came due while nothing could fire them (the fleet was down, the
+    schedule was paused).
+    """
+
+MISFIRE_POLICY_UNSPECIFIED: MisfirePolicy.ValueType  # 0
+"""FIRE_ONCE."""
+MISFIRE_POLICY_SKIP: MisfirePolicy.ValueType  # 1
+"""Record every missed slot as SKIPPED (reason `misfire`) and wait for the next one."""
+MISFIRE_POLICY_FIRE_ONCE: MisfirePolicy.ValueType  # 2
+"""One run stands for all missed slots (the latest); the others are SKIPPED."""
+MISFIRE_POLICY_FIRE_ALL: MisfirePolicy.ValueType  # 3
+"""Run every missed slot inside the catch-up window (at most `max_catch_up`)."""
+Global___MisfirePolicy: _TypeAlias = MisfirePolicy  # noqa: Y015
 
 class _ScheduleState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -91,25 +197,55 @@ class CronSpec(_message.Message):
 
     EXPRESSION_FIELD_NUMBER: _builtins.int
     TIMEZONE_FIELD_NUMBER: _builtins.int
+    DST_FIELD_NUMBER: _builtins.int
     expression: _builtins.str
     """5 fields (`m h dom mon dow`), 6 fields with seconds first (`s m h dom mon dow`), or a macro
     such as `@daily`. Day-of-month and day-of-week both restricted: either matches (Vixie cron).
     """
     timezone: _builtins.str
     """IANA zone name, e.g. `Europe/Berlin`. Empty means UTC."""
+    @_builtins.property
+    def dst(self) -> Global___DstPolicy:
+        """How wall-clock times that fall into a DST gap or overlap fire. Unset fields take the
+        Debian cron default: SHIFT + ONCE for a fixed-time job, SKIP + BOTH for a wildcard one.
+        """
+
     def __init__(
         self,
         *,
         expression: _builtins.str = ...,
         timezone: _builtins.str = ...,
+        dst: Global___DstPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expression", b"expression", "timezone", b"timezone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "expression", b"expression", "timezone", b"timezone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CronSpec: _TypeAlias = CronSpec  # noqa: Y015
+
+@_typing.final
+class DstPolicy(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GAP_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    gap: Global___DstGapPolicy.ValueType
+    overlap: Global___DstOverlapPolicy.ValueType
+    def __init__(
+        self,
+        *,
+        gap: Global___DstGapPolicy.ValueType = ...,
+        overlap: Global___DstOverlapPolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gap", b"gap", "overlap", b"overlap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DstPolicy: _TypeAlias = DstPolicy  # noqa: Y015
 
 @_typing.final
 class IntervalSpec(_message.Message):
@@ -170,28 +306,84 @@ class ScheduleSpec(_message.Message):
     CRON_FIELD_NUMBER: _builtins.int
     INTERVAL_FIELD_NUMBER: _builtins.int
     ONCE_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    MAX_RUNS_FIELD_NUMBER: _builtins.int
+    JITTER_FIELD_NUMBER: _builtins.int
+    max_runs: _builtins.int
+    """After this many fired runs the schedule becomes COMPLETED; 0 means no limit."""
     @_builtins.property
     def cron(self) -> Global___CronSpec: ...
     @_builtins.property
     def interval(self) -> Global___IntervalSpec: ...
     @_builtins.property
     def once(self) -> Global___OneShotSpec: ...
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """No slot before this instant fires."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """No slot after this instant fires; the schedule then becomes COMPLETED."""
+
+    @_builtins.property
+    def jitter(self) -> _duration_pb2.Duration:
+        """Each slot is delayed by a stable offset in [0, jitter) derived from the schedule id, so
+        many schedules on the same expression spread out; at most the spec's shortest period.
+        """
+
     def __init__(
         self,
         *,
         cron: Global___CronSpec | None = ...,
         interval: Global___IntervalSpec | None = ...,
         once: Global___OneShotSpec | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        max_runs: _builtins.int = ...,
+        jitter: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "interval", b"interval", "kind", b"kind", "once", b"once"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "end_time", b"end_time", "interval", b"interval", "jitter", b"jitter", "kind", b"kind", "once", b"once", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "interval", b"interval", "kind", b"kind", "once", b"once"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "end_time", b"end_time", "interval", b"interval", "jitter", b"jitter", "kind", b"kind", "max_runs", b"max_runs", "once", b"once", "start_time", b"start_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["cron", "interval", "once"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ScheduleSpec: _TypeAlias = ScheduleSpec  # noqa: Y015
+
+@_typing.final
+class SchedulePolicies(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    MISFIRE_FIELD_NUMBER: _builtins.int
+    CATCH_UP_WINDOW_FIELD_NUMBER: _builtins.int
+    MAX_CATCH_UP_FIELD_NUMBER: _builtins.int
+    overlap: Global___OverlapPolicy.ValueType
+    misfire: Global___MisfirePolicy.ValueType
+    max_catch_up: _builtins.int
+    """FIRE_ALL runs at most this many missed slots; default 100."""
+    @_builtins.property
+    def catch_up_window(self) -> _duration_pb2.Duration:
+        """FIRE_ALL runs missed slots no older than this; default 1 hour."""
+
+    def __init__(
+        self,
+        *,
+        overlap: Global___OverlapPolicy.ValueType = ...,
+        misfire: Global___MisfirePolicy.ValueType = ...,
+        catch_up_window: _duration_pb2.Duration | None = ...,
+        max_catch_up: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["catch_up_window", b"catch_up_window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_window", b"catch_up_window", "max_catch_up", b"max_catch_up", "misfire", b"misfire", "overlap", b"overlap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulePolicies: _TypeAlias = SchedulePolicies  # noqa: Y015
 
 @_typing.final
 class Schedule(_message.Message):
@@ -212,6 +404,9 @@ class Schedule(_message.Message):
     PAUSED_BY_FIELD_NUMBER: _builtins.int
     PAUSE_TIME_FIELD_NUMBER: _builtins.int
     MAX_RUNTIME_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    RUN_COUNT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Server-assigned unless given in CreateScheduleRequest.schedule_id."""
     tenant: _builtins.str
@@ -228,6 +423,8 @@ class Schedule(_message.Message):
     pause_note: _builtins.str
     """Why the schedule was paused, by whom and when; empty while active."""
     paused_by: _builtins.str
+    run_count: _builtins.int
+    """Runs fired so far (scheduled, not manual or backfilled)."""
     @_builtins.property
     def spec(self) -> Global___ScheduleSpec: ...
     @_builtins.property
@@ -243,6 +440,14 @@ class Schedule(_message.Message):
     @_builtins.property
     def max_runtime(self) -> _duration_pb2.Duration:
         """The run timeout the worker enforces; zero means the worker's default."""
+
+    @_builtins.property
+    def policies(self) -> Global___SchedulePolicies: ...
+    @_builtins.property
+    def after(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Dependencies: this schedule fires once for every successful run of each of these
+        schedules (same tenant; cycles are refused). A schedule with `after` needs no spec.
+        """
 
     def __init__(
         self,
@@ -262,10 +467,13 @@ class Schedule(_message.Message):
         paused_by: _builtins.str = ...,
         pause_time: _timestamp_pb2.Timestamp | None = ...,
         max_runtime: _duration_pb2.Duration | None = ...,
+        policies: Global___SchedulePolicies | None = ...,
+        after: _abc.Iterable[_builtins.str] | None = ...,
+        run_count: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "max_runtime", b"max_runtime", "next_fire_time", b"next_fire_time", "pause_time", b"pause_time", "spec", b"spec", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "max_runtime", b"max_runtime", "next_fire_time", b"next_fire_time", "pause_time", b"pause_time", "policies", b"policies", "spec", b"spec", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "handler", b"handler", "id", b"id", "max_runtime", b"max_runtime", "name", b"name", "next_fire_time", b"next_fire_time", "pause_note", b"pause_note", "pause_time", b"pause_time", "paused_by", b"paused_by", "payload", b"payload", "spec", b"spec", "state", b"state", "tenant", b"tenant", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "create_time", b"create_time", "handler", b"handler", "id", b"id", "max_runtime", b"max_runtime", "name", b"name", "next_fire_time", b"next_fire_time", "pause_note", b"pause_note", "pause_time", b"pause_time", "paused_by", b"paused_by", "payload", b"payload", "policies", b"policies", "run_count", b"run_count", "spec", b"spec", "state", b"state", "tenant", b"tenant", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -289,6 +497,8 @@ class Run(_message.Message):
     MANUAL_FIELD_NUMBER: _builtins.int
     SKIP_REASON_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    ORIGIN_RUN_ID_FIELD_NUMBER: _builtins.int
+    BACKFILL_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Derived from (schedule_id, scheduled_for) for a scheduled firing; handlers receive it as
     their idempotency key.
@@ -305,6 +515,10 @@ class Run(_message.Message):
     """True for a run started by TriggerSchedule rather than by the schedule's times."""
     skip_reason: _builtins.str
     tenant: _builtins.str
+    origin_run_id: _builtins.str
+    """A rerun's original run; a dependent run's upstream run."""
+    backfill_id: _builtins.str
+    """Set for a run enqueued by BackfillSchedule."""
     @_builtins.property
     def scheduled_for(self) -> _timestamp_pb2.Timestamp:
         """The slot this run stands for, jitter included."""
@@ -332,11 +546,117 @@ class Run(_message.Message):
         manual: _builtins.bool = ...,
         skip_reason: _builtins.str = ...,
         tenant: _builtins.str = ...,
+        origin_run_id: _builtins.str = ...,
+        backfill_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "finish_time", b"finish_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "error", b"error", "finish_time", b"finish_time", "handler", b"handler", "manual", b"manual", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "skip_reason", b"skip_reason", "start_time", b"start_time", "status", b"status", "tenant", b"tenant", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "backfill_id", b"backfill_id", "enqueue_time", b"enqueue_time", "error", b"error", "finish_time", b"finish_time", "handler", b"handler", "manual", b"manual", "origin_run_id", b"origin_run_id", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "skip_reason", b"skip_reason", "start_time", b"start_time", "status", b"status", "tenant", b"tenant", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class FireTimePreview(_message.Message):
+    """A preview entry: one time the schedule fires."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UTC_FIELD_NUMBER: _builtins.int
+    LOCAL_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    local: _builtins.str
+    """The same instant on the schedule's wall clock, ISO-8601 with its UTC offset."""
+    note: _builtins.str
+    """Empty, or why a DST rule moved it: `dst_gap_shifted`, `dst_overlap_second`."""
+    @_builtins.property
+    def utc(self) -> _timestamp_pb2.Timestamp:
+        """Jitter applied."""
+
+    def __init__(
+        self,
+        *,
+        utc: _timestamp_pb2.Timestamp | None = ...,
+        local: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["utc", b"utc"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["local", b"local", "note", b"note", "utc", b"utc"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FireTimePreview: _TypeAlias = FireTimePreview  # noqa: Y015
+
+@_typing.final
+class Backfill(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKFILL_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    ENQUEUED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    backfill_id: _builtins.str
+    schedule_id: _builtins.str
+    total: _builtins.int
+    """Slots in the range."""
+    enqueued: _builtins.int
+    """Slots enqueued so far."""
+    done: _builtins.int
+    """Slots whose run finished (SUCCEEDED or FAILED)."""
+    concurrency: _builtins.int
+    """At most this many backfill runs of this backfill are enqueued but unfinished at once."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        backfill_id: _builtins.str = ...,
+        schedule_id: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        total: _builtins.int = ...,
+        enqueued: _builtins.int = ...,
+        done: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        concurrency: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill_id", b"backfill_id", "concurrency", b"concurrency", "create_time", b"create_time", "done", b"done", "end_time", b"end_time", "enqueued", b"enqueued", "schedule_id", b"schedule_id", "start_time", b"start_time", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Backfill: _TypeAlias = Backfill  # noqa: Y015
+
+@_typing.final
+class DependencyEdge(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPSTREAM_ID_FIELD_NUMBER: _builtins.int
+    DOWNSTREAM_ID_FIELD_NUMBER: _builtins.int
+    upstream_id: _builtins.str
+    downstream_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        upstream_id: _builtins.str = ...,
+        downstream_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream_id", b"downstream_id", "upstream_id", b"upstream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DependencyEdge: _TypeAlias = DependencyEdge  # noqa: Y015

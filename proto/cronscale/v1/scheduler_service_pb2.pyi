@@ -7,6 +7,7 @@ from collections import abc as _abc
 from cronscale.v1 import schedule_pb2 as _schedule_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -146,15 +147,19 @@ class ResumeScheduleRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
+    MISFIRE_OVERRIDE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    misfire_override: _schedule_pb2.MisfirePolicy.ValueType
+    """How to treat the slots missed while paused; unset uses the schedule's misfire policy."""
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
+        misfire_override: _schedule_pb2.MisfirePolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "misfire_override", b"misfire_override"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -261,3 +266,244 @@ class GetRunRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunRequest: _TypeAlias = GetRunRequest  # noqa: Y015
+
+@_typing.final
+class UpdateScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> _schedule_pb2.Schedule:
+        """`id` and `version` (the one read) are required; spec, handler, payload, name, max_runtime,
+        policies and after replace the stored ones.
+        """
+
+    def __init__(
+        self,
+        *,
+        schedule: _schedule_pb2.Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateScheduleRequest: _TypeAlias = UpdateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class CancelScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CANCEL_RUNNING_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    cancel_running: _builtins.bool
+    """Also ask the worker to cancel the run in progress, if any."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        cancel_running: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_running", b"cancel_running", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelScheduleRequest: _TypeAlias = CancelScheduleRequest  # noqa: Y015
+
+@_typing.final
+class TriggerScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    force: _builtins.bool
+    """Run even if the overlap policy would skip it."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerScheduleRequest: _TypeAlias = TriggerScheduleRequest  # noqa: Y015
+
+@_typing.final
+class RerunRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerunRunRequest: _TypeAlias = RerunRunRequest  # noqa: Y015
+
+@_typing.final
+class BackfillScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    concurrency: _builtins.int
+    """Unfinished backfill runs at once; 0 means 10."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        concurrency: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "end_time", b"end_time", "id", b"id", "start_time", b"start_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackfillScheduleRequest: _TypeAlias = BackfillScheduleRequest  # noqa: Y015
+
+@_typing.final
+class GetBackfillRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKFILL_ID_FIELD_NUMBER: _builtins.int
+    backfill_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        backfill_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill_id", b"backfill_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBackfillRequest: _TypeAlias = GetBackfillRequest  # noqa: Y015
+
+@_typing.final
+class PreviewScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """A stored schedule."""
+    count: _builtins.int
+    """How many; 0 means 10, at most 1000."""
+    @_builtins.property
+    def spec(self) -> _schedule_pb2.ScheduleSpec:
+        """A spec to try; nothing is stored."""
+
+    @_builtins.property
+    def after(self) -> _timestamp_pb2.Timestamp:
+        """Fire times strictly after this instant; default now."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        spec: _schedule_pb2.ScheduleSpec | None = ...,
+        after: _timestamp_pb2.Timestamp | None = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "id", b"id", "spec", b"spec", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "count", b"count", "id", b"id", "spec", b"spec", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["id", "spec"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___PreviewScheduleRequest: _TypeAlias = PreviewScheduleRequest  # noqa: Y015
+
+@_typing.final
+class PreviewScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRE_TIMES_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    timezone: _builtins.str
+    """The zone the `local` times are in."""
+    @_builtins.property
+    def fire_times(self) -> _containers.RepeatedCompositeFieldContainer[_schedule_pb2.FireTimePreview]: ...
+    def __init__(
+        self,
+        *,
+        fire_times: _abc.Iterable[_schedule_pb2.FireTimePreview] | None = ...,
+        timezone: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fire_times", b"fire_times", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewScheduleResponse: _TypeAlias = PreviewScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ListDependenciesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """Only edges touching this schedule; empty means all."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDependenciesRequest: _TypeAlias = ListDependenciesRequest  # noqa: Y015
+
+@_typing.final
+class ListDependenciesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EDGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def edges(self) -> _containers.RepeatedCompositeFieldContainer[_schedule_pb2.DependencyEdge]: ...
+    def __init__(
+        self,
+        *,
+        edges: _abc.Iterable[_schedule_pb2.DependencyEdge] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDependenciesResponse: _TypeAlias = ListDependenciesResponse  # noqa: Y015

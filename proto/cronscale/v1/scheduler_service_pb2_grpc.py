@@ -75,6 +75,46 @@ class SchedulerServiceStub:
                 request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Run.FromString,
                 _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/UpdateSchedule',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.CancelSchedule = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/CancelSchedule',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.CancelScheduleRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.TriggerSchedule = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/TriggerSchedule',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.TriggerScheduleRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Run.FromString,
+                _registered_method=True)
+        self.RerunRun = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/RerunRun',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.RerunRunRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Run.FromString,
+                _registered_method=True)
+        self.BackfillSchedule = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/BackfillSchedule',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.BackfillScheduleRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Backfill.FromString,
+                _registered_method=True)
+        self.GetBackfill = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/GetBackfill',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.GetBackfillRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Backfill.FromString,
+                _registered_method=True)
+        self.PreviewSchedule = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/PreviewSchedule',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.PreviewScheduleRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.PreviewScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListDependencies = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/ListDependencies',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.ListDependenciesRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.ListDependenciesResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -134,6 +174,64 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSchedule(self, request, context):
+        """Replaces the spec, handler, payload and policies. `schedule.version` must be the version
+        read; a stale one gets ABORTED. The pending timer is replaced: the old spec never fires.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelSchedule(self, request, context):
+        """No further runs, for good; optionally cancels the running run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TriggerSchedule(self, request, context):
+        """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RerunRun(self, request, context):
+        """Runs a finished run again with a fresh run id linked to it (origin_run_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BackfillSchedule(self, request, context):
+        """One logical run per slot in [start_time, end_time), with deterministic run ids (a repeated
+        backfill of the same range does not duplicate), enqueued at a bounded concurrency.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBackfill(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PreviewSchedule(self, request, context):
+        """The next fire times of a spec (dry run, nothing stored) or of a stored schedule, exactly as
+        the dispatcher computes them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDependencies(self, request, context):
+        """The dependency graph: edges upstream -> downstream, of one schedule or of all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +274,46 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.GetRunRequest.FromString,
                     response_serializer=cronscale_dot_v1_dot_schedule__pb2.Run.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_schedule__pb2.Schedule.SerializeToString,
+            ),
+            'CancelSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelSchedule,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.CancelScheduleRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_schedule__pb2.Schedule.SerializeToString,
+            ),
+            'TriggerSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerSchedule,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.TriggerScheduleRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_schedule__pb2.Run.SerializeToString,
+            ),
+            'RerunRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RerunRun,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.RerunRunRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_schedule__pb2.Run.SerializeToString,
+            ),
+            'BackfillSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.BackfillSchedule,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.BackfillScheduleRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_schedule__pb2.Backfill.SerializeToString,
+            ),
+            'GetBackfill': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBackfill,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.GetBackfillRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_schedule__pb2.Backfill.SerializeToString,
+            ),
+            'PreviewSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreviewSchedule,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.PreviewScheduleRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.PreviewScheduleResponse.SerializeToString,
+            ),
+            'ListDependencies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDependencies,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.ListDependenciesRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.ListDependenciesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +532,222 @@ class SchedulerService:
             '/cronscale.v1.SchedulerService/GetRun',
             cronscale_dot_v1_dot_scheduler__service__pb2.GetRunRequest.SerializeToString,
             cronscale_dot_v1_dot_schedule__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/UpdateSchedule',
+            cronscale_dot_v1_dot_scheduler__service__pb2.UpdateScheduleRequest.SerializeToString,
+            cronscale_dot_v1_dot_schedule__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/CancelSchedule',
+            cronscale_dot_v1_dot_scheduler__service__pb2.CancelScheduleRequest.SerializeToString,
+            cronscale_dot_v1_dot_schedule__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/TriggerSchedule',
+            cronscale_dot_v1_dot_scheduler__service__pb2.TriggerScheduleRequest.SerializeToString,
+            cronscale_dot_v1_dot_schedule__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RerunRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/RerunRun',
+            cronscale_dot_v1_dot_scheduler__service__pb2.RerunRunRequest.SerializeToString,
+            cronscale_dot_v1_dot_schedule__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackfillSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/BackfillSchedule',
+            cronscale_dot_v1_dot_scheduler__service__pb2.BackfillScheduleRequest.SerializeToString,
+            cronscale_dot_v1_dot_schedule__pb2.Backfill.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBackfill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/GetBackfill',
+            cronscale_dot_v1_dot_scheduler__service__pb2.GetBackfillRequest.SerializeToString,
+            cronscale_dot_v1_dot_schedule__pb2.Backfill.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreviewSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/PreviewSchedule',
+            cronscale_dot_v1_dot_scheduler__service__pb2.PreviewScheduleRequest.SerializeToString,
+            cronscale_dot_v1_dot_scheduler__service__pb2.PreviewScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDependencies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/ListDependencies',
+            cronscale_dot_v1_dot_scheduler__service__pb2.ListDependenciesRequest.SerializeToString,
+            cronscale_dot_v1_dot_scheduler__service__pb2.ListDependenciesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,27 @@ class SchedulerServiceStub:
     ListRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListRunsRequest, _scheduler_service_pb2.ListRunsResponse]
     """Runs of one schedule, newest slot first."""
     GetRun: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetRunRequest, _schedule_pb2.Run]
+    UpdateSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.UpdateScheduleRequest, _schedule_pb2.Schedule]
+    """Replaces the spec, handler, payload and policies. `schedule.version` must be the version
+    read; a stale one gets ABORTED. The pending timer is replaced: the old spec never fires.
+    """
+    CancelSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.CancelScheduleRequest, _schedule_pb2.Schedule]
+    """No further runs, for good; optionally cancels the running run."""
+    TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.TriggerScheduleRequest, _schedule_pb2.Run]
+    """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced."""
+    RerunRun: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.RerunRunRequest, _schedule_pb2.Run]
+    """Runs a finished run again with a fresh run id linked to it (origin_run_id)."""
+    BackfillSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.BackfillScheduleRequest, _schedule_pb2.Backfill]
+    """One logical run per slot in [start_time, end_time), with deterministic run ids (a repeated
+    backfill of the same range does not duplicate), enqueued at a bounded concurrency.
+    """
+    GetBackfill: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetBackfillRequest, _schedule_pb2.Backfill]
+    PreviewSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.PreviewScheduleRequest, _scheduler_service_pb2.PreviewScheduleResponse]
+    """The next fire times of a spec (dry run, nothing stored) or of a stored schedule, exactly as
+    the dispatcher computes them.
+    """
+    ListDependencies: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListDependenciesRequest, _scheduler_service_pb2.ListDependenciesResponse]
+    """The dependency graph: edges upstream -> downstream, of one schedule or of all."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -64,6 +85,27 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     ListRuns: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListRunsRequest, _scheduler_service_pb2.ListRunsResponse]  # type: ignore[assignment]
     """Runs of one schedule, newest slot first."""
     GetRun: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetRunRequest, _schedule_pb2.Run]  # type: ignore[assignment]
+    UpdateSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.UpdateScheduleRequest, _schedule_pb2.Schedule]  # type: ignore[assignment]
+    """Replaces the spec, handler, payload and policies. `schedule.version` must be the version
+    read; a stale one gets ABORTED. The pending timer is replaced: the old spec never fires.
+    """
+    CancelSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.CancelScheduleRequest, _schedule_pb2.Schedule]  # type: ignore[assignment]
+    """No further runs, for good; optionally cancels the running run."""
+    TriggerSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.TriggerScheduleRequest, _schedule_pb2.Run]  # type: ignore[assignment]
+    """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced."""
+    RerunRun: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.RerunRunRequest, _schedule_pb2.Run]  # type: ignore[assignment]
+    """Runs a finished run again with a fresh run id linked to it (origin_run_id)."""
+    BackfillSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.BackfillScheduleRequest, _schedule_pb2.Backfill]  # type: ignore[assignment]
+    """One logical run per slot in [start_time, end_time), with deterministic run ids (a repeated
+    backfill of the same range does not duplicate), enqueued at a bounded concurrency.
+    """
+    GetBackfill: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetBackfillRequest, _schedule_pb2.Backfill]  # type: ignore[assignment]
+    PreviewSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.PreviewScheduleRequest, _scheduler_service_pb2.PreviewScheduleResponse]  # type: ignore[assignment]
+    """The next fire times of a spec (dry run, nothing stored) or of a stored schedule, exactly as
+    the dispatcher computes them.
+    """
+    ListDependencies: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListDependenciesRequest, _scheduler_service_pb2.ListDependenciesResponse]  # type: ignore[assignment]
+    """The dependency graph: edges upstream -> downstream, of one schedule or of all."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -127,5 +169,74 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_service_pb2.GetRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_pb2.Run, _abc.Awaitable[_schedule_pb2.Run]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSchedule(
+        self,
+        request: _scheduler_service_pb2.UpdateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.Schedule, _abc.Awaitable[_schedule_pb2.Schedule]]:
+        """Replaces the spec, handler, payload and policies. `schedule.version` must be the version
+        read; a stale one gets ABORTED. The pending timer is replaced: the old spec never fires.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelSchedule(
+        self,
+        request: _scheduler_service_pb2.CancelScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.Schedule, _abc.Awaitable[_schedule_pb2.Schedule]]:
+        """No further runs, for good; optionally cancels the running run."""
+
+    @_abc_1.abstractmethod
+    def TriggerSchedule(
+        self,
+        request: _scheduler_service_pb2.TriggerScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.Run, _abc.Awaitable[_schedule_pb2.Run]]:
+        """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced."""
+
+    @_abc_1.abstractmethod
+    def RerunRun(
+        self,
+        request: _scheduler_service_pb2.RerunRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.Run, _abc.Awaitable[_schedule_pb2.Run]]:
+        """Runs a finished run again with a fresh run id linked to it (origin_run_id)."""
+
+    @_abc_1.abstractmethod
+    def BackfillSchedule(
+        self,
+        request: _scheduler_service_pb2.BackfillScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.Backfill, _abc.Awaitable[_schedule_pb2.Backfill]]:
+        """One logical run per slot in [start_time, end_time), with deterministic run ids (a repeated
+        backfill of the same range does not duplicate), enqueued at a bounded concurrency.
+        """
+
+    @_abc_1.abstractmethod
+    def GetBackfill(
+        self,
+        request: _scheduler_service_pb2.GetBackfillRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.Backfill, _abc.Awaitable[_schedule_pb2.Backfill]]: ...
+
+    @_abc_1.abstractmethod
+    def PreviewSchedule(
+        self,
+        request: _scheduler_service_pb2.PreviewScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.PreviewScheduleResponse, _abc.Awaitable[_scheduler_service_pb2.PreviewScheduleResponse]]:
+        """The next fire times of a spec (dry run, nothing stored) or of a stored schedule, exactly as
+        the dispatcher computes them.
+        """
+
+    @_abc_1.abstractmethod
+    def ListDependencies(
+        self,
+        request: _scheduler_service_pb2.ListDependenciesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.ListDependenciesResponse, _abc.Awaitable[_scheduler_service_pb2.ListDependenciesResponse]]:
+        """The dependency graph: edges upstream -> downstream, of one schedule or of all."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,100 @@
+"""What follows from workers' run reports, beyond recording them.
+
+When runs finish: a run that BUFFER_ONE held back is released once its schedule has nothing in
+progress, and a successful run fires its downstream schedules once each (dependencies). Both
+are put as run timers due now, so every enqueue goes through a dispatcher. Heartbeats learn
+whether their run was asked to cancel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from bucketer.cassandra import CassandraTimerStore
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore, RunEventRecord
+from scheduler.firing import STALE_RUN
+from scheduler.model import RunStatus, run_id_for
+from scheduler.timers import RunTimer
+
+logger = logging.getLogger(__name__)
+
+_TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+def dependent_run_id(downstream_id: str, upstream_run_id: str, scheduled_for: datetime) -> str:
+    """The run id of ``downstream_id`` fired by one upstream run: derived from that run, so a
+    repeated success report of it fires the downstream under the same id."""
+    digest = hashlib.blake2b(upstream_run_id.encode(), digest_size=4).hexdigest()
+    return run_id_for(downstream_id, scheduled_for, suffix=f"d{digest}")
+
+
+class RunReports:
+    """Records run events and applies their consequences."""
+
+    def __init__(
+        self,
+        *,
+        schedules: CassandraScheduleStore,
+        runs: CassandraRunStore,
+        timers: CassandraTimerStore,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._schedules = schedules
+        self._runs = runs
+        self._timers = timers
+        self._clock = clock
+
+    async def record(self, events: Sequence[RunEventRecord]) -> set[str]:
+        """Records ``events``; returns the run ids among heartbeats that should cancel."""
+        await self._runs.record_events(events)
+        finished = [e for e in events if e.status in _TERMINAL]
+        if finished:
+            await self._after_finish(finished)
+        beats = [e.run_id for e in events if e.status is None]
+        return await self._runs.cancel_requested(beats) if beats else set()
+
+    async def _after_finish(self, finished: Sequence[RunEventRecord]) -> None:
+        now = self._clock()
+        schedules = await self._schedules.get_many([e.schedule_id for e in finished])
+        timers: list[RunTimer] = []
+        for e in finished:
+            s = schedules.get(e.schedule_id)
+            if s is None:
+                continue
+            if e.status is RunStatus.SUCCEEDED:
+                for down in sorted(s.downstream):
+                    timers.append(
+                        RunTimer(
+                            schedule_id=down,
+                            run_id=dependent_run_id(down, e.run_id, e.scheduled_for),
+                            scheduled_for=e.scheduled_for,
+                            fire_at=now,
+                            origin_run_id=e.run_id,
+                        )
+                    )
+        for sid, s in schedules.items():
+            if s.buffered is None:
+                continue
+            done = {e.run_id for e in finished if e.schedule_id == sid}
+            still = [r for r in s.in_progress(now, stale_after=STALE_RUN) if r not in done]
+            if still:
+                continue
+            if await self._runs.clear_buffered(sid, s.buffered.to_json()):
+                timers.append(
+                    RunTimer(
+                        schedule_id=sid,
+                        run_id=s.buffered.run_id,
+                        scheduled_for=s.buffered.scheduled_for,
+                        fire_at=now,
+                    )
+                )
+                logger.info(
+                    "released buffered run %s",
+                    s.buffered.run_id,
+                    extra={"schedule_id": sid, "run_id": s.buffered.run_id},
+                )
+        if timers:
+            await self._timers.put([t.to_timer(self._timers.shard_count) for t in timers], now=now)
