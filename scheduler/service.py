@@ -24,32 +24,15 @@ from scheduler.model import (
     Schedule,
     ScheduleState,
     SkipReason,
-    SpecKind,
     new_generation,
     run_id_for,
-    validate_handler,
-    validate_payload,
     validate_schedule_id,
 )
 from scheduler.slots import MAX_ENUMERATED_MISSES, next_slot, plan_misfire, slots_between
 from scheduler.timers import FireTimer, RunTimer
+from scheduler.validation import spec_error, validate_schedule
 
 logger = logging.getLogger(__name__)
-
-# Prefixes that turn time-spec errors into the request's field paths.
-_SPEC_FIELDS = {
-    "cron": "schedule.spec.cron.expression",
-    "timezone": "schedule.spec.cron.timezone",
-    "interval": "schedule.spec.interval.every",
-    "at": "schedule.spec.once.at",
-}
-
-
-def _spec_error(e: InvalidArgument, kind: SpecKind) -> InvalidArgument:
-    field = _SPEC_FIELDS.get(e.field, e.field)
-    if e.field == "timezone" and kind is not SpecKind.CRON:
-        field = f"schedule.spec.{kind.value}.timezone"
-    return InvalidArgument(field, e.problem)
 
 
 class ScheduleService:
@@ -89,7 +72,7 @@ class ScheduleService:
         try:
             nxt = next_slot(s, now)
         except InvalidArgument as e:
-            raise _spec_error(e, s.spec.kind) from None
+            raise spec_error(e, s.spec.kind) from None
         if nxt is None or (s.spec.max_runs and fired >= s.spec.max_runs):
             return None
         return FireTimer(
@@ -104,10 +87,6 @@ class ScheduleService:
         """Validates and stores a schedule and its first timer; nothing is stored on error."""
         now = self._clock()
         sid = validate_schedule_id(schedule_id) if schedule_id else str(uuid.uuid4())
-        validate_handler(draft.handler)
-        validate_payload(draft.payload)
-        if draft.max_runtime is not None and draft.max_runtime.total_seconds() < 0:
-            raise InvalidArgument("schedule.max_runtime", "must not be negative")
         s = replace(
             draft,
             schedule_id=sid,
@@ -117,11 +96,7 @@ class ScheduleService:
             create_time=now,
             update_time=now,
         )
-        if s.spec.kind is SpecKind.ONCE and s.spec.at is not None and s.spec.at <= now:
-            raise InvalidArgument(
-                "schedule.spec.once.at",
-                f"{s.spec.at.isoformat()} is in the past (now {now:%Y-%m-%dT%H:%M:%SZ})",
-            )
+        validate_schedule(s, now)
         first = self.first_fire(s, now)
         if first is None:
             raise InvalidArgument("schedule.spec", "never fires after now")
