@@ -1,0 +1,214 @@
+"""The runner: events in order, outcomes and their error texts, timeouts, heartbeats, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cronscale.v1 import run_reporting_service_pb2 as pb
+from worker import builtin
+from worker.handlers import HandlerContext, HandlerRegistry
+from worker.messages import RunTask
+from worker.runner import Runner
+
+
+class RecordingReporter:
+    """Collects events; answers cancel_requested for the run ids in ``cancel``."""
+
+    def __init__(self) -> None:
+        self.events: list[pb.RunEvent] = []
+        self.cancel: set[str] = set()
+
+    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
+        self.events.append(event)
+        return pb.RunEventAck(run_id=event.run_id, cancel_requested=event.run_id in self.cancel)
+
+    def kinds(self) -> list[str]:
+        return [pb.RunEventKind.Name(e.kind).removeprefix("RUN_EVENT_KIND_") for e in self.events]
+
+
+def task(handler: str, payload: bytes = b"", max_runtime: float | None = None) -> RunTask:
+    return RunTask(
+        run_id="run-1",
+        schedule_id="sched-1",
+        tenant="acme",
+        handler=handler,
+        payload=payload,
+        scheduled_for=datetime.now(UTC) - timedelta(seconds=2),
+        enqueue_time=None,
+        attempt=3,
+        manual=False,
+        max_runtime=max_runtime,
+    )
+
+
+def make_runner(
+    reporter: RecordingReporter, default_timeout: float = 5.0, heartbeat_interval: float = 10.0
+) -> tuple[Runner, HandlerRegistry]:
+    registry = HandlerRegistry()
+    builtin.register_builtins(registry)
+    runner = Runner(
+        registry=registry,
+        reporter=reporter,
+        worker_id="w-1",
+        default_timeout=default_timeout,
+        heartbeat_interval=heartbeat_interval,
+    )
+    return runner, registry
+
+
+async def test_success_reports_started_then_succeeded() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    t = task("echo", b"hi")
+    outcome = await runner.run(t)
+    assert outcome.succeeded and outcome.error == ""
+    assert 1.9 < outcome.start_lag < 10
+    assert reporter.kinds() == ["STARTED", "SUCCEEDED"]
+    started = reporter.events[0]
+    assert (started.run_id, started.schedule_id, started.attempt, started.worker_id) == (
+        "run-1",
+        "sched-1",
+        3,
+        "w-1",
+    )
+    assert started.scheduled_for.ToDatetime(tzinfo=UTC) == t.scheduled_for
+
+
+async def test_the_fail_handler_reports_its_message() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    outcome = await runner.run(task("fail"))
+    assert not outcome.succeeded
+    assert reporter.kinds() == ["STARTED", "FAILED"]
+    assert reporter.events[1].error == "HandlerFailed: the fail handler always fails"
+
+
+async def test_any_exception_becomes_type_and_text() -> None:
+    reporter = RecordingReporter()
+    runner, registry = make_runner(reporter)
+
+    def broken(ctx: HandlerContext) -> None:
+        raise KeyError("account")
+
+    registry.register("broken", broken)
+    await runner.run(task("broken"))
+    assert reporter.events[-1].error == "KeyError: 'account'"
+
+
+async def test_unknown_handler_fails_the_run() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    outcome = await runner.run(task("nope"))
+    assert outcome.error == "unknown handler 'nope'"
+    assert reporter.kinds() == ["STARTED", "FAILED"]
+    assert reporter.events[1].error == "unknown handler 'nope'"
+
+
+async def test_the_message_max_runtime_times_the_handler_out() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    outcome = await runner.run(task("sleep", b'{"seconds": 30}', max_runtime=0.05))
+    assert loop.time() - t0 < 2
+    assert outcome.error == "timed out after 0.05 s"
+    assert reporter.kinds() == ["STARTED", "FAILED"]
+    assert reporter.events[1].error == "timed out after 0.05 s"
+
+
+async def test_the_default_timeout_applies_without_max_runtime() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter, default_timeout=0.1)
+    outcome = await runner.run(task("sleep", b'{"seconds": 30}'))
+    assert outcome.error == "timed out after 0.1 s"
+
+
+async def test_context_heartbeat_sends_heartbeat_events() -> None:
+    reporter = RecordingReporter()
+    runner, registry = make_runner(reporter)
+    seen: list[HandlerContext] = []
+
+    async def beating(ctx: HandlerContext) -> None:
+        seen.append(ctx)
+        await ctx.heartbeat()
+        await ctx.heartbeat()  # coalesced: less than a second after the first
+
+    registry.register("beating", beating)
+    await runner.run(task("beating", b'{"k": 1}'))
+    assert reporter.kinds() == ["STARTED", "HEARTBEAT", "SUCCEEDED"]
+    ctx = seen[0]
+    assert (ctx.run_id, ctx.schedule_id, ctx.tenant, ctx.attempt) == ("run-1", "sched-1", "acme", 3)
+    assert ctx.json() == {"k": 1}
+
+
+async def test_long_runs_heartbeat_on_their_own() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter, heartbeat_interval=0.05)
+    await runner.run(task("sleep", b'{"seconds": 0.3}'))
+    assert reporter.kinds().count("HEARTBEAT") >= 3
+    assert reporter.kinds()[-1] == "SUCCEEDED"
+
+
+async def test_an_operator_cancel_stops_the_handler() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter, heartbeat_interval=0.05)
+    running = asyncio.create_task(runner.run(task("sleep", b'{"seconds": 30}')))
+    await asyncio.sleep(0.1)
+    reporter.cancel.add("run-1")
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.error == "cancelled by an operator"
+    assert reporter.kinds()[-1] == "FAILED"
+
+
+async def test_a_cancel_before_start_skips_the_handler() -> None:
+    reporter = RecordingReporter()
+    reporter.cancel.add("run-1")
+    runner, registry = make_runner(reporter)
+    called: list[bool] = []
+    registry.register("x", lambda ctx: called.append(True))
+    outcome = await runner.run(task("x"))
+    assert not called
+    assert outcome.error == "cancelled by an operator before it started"
+
+
+async def test_cancelling_the_runner_cancels_the_handler_and_reports_nothing() -> None:
+    reporter = RecordingReporter()
+    runner, registry = make_runner(reporter)
+    cancelled = asyncio.Event()
+
+    async def forever(ctx: HandlerContext) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    registry.register("forever", forever)
+    running = asyncio.create_task(runner.run(task("forever")))
+    await asyncio.sleep(0.05)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert cancelled.is_set()
+    assert reporter.kinds() == ["STARTED"]
+
+
+async def test_refuse_reports_failed_without_running() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    await runner.refuse(task("echo"), "schema_version 2 is newer")
+    assert reporter.kinds() == ["FAILED"]
+    assert reporter.events[0].error == "schema_version 2 is newer"
+
+
+async def test_the_slot_is_released_before_the_outcome_is_reported() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    seen_at_release: list[list[str]] = []
+    for handler in ("echo", "fail", "nope"):
+        reporter.events.clear()
+        await runner.run(task(handler), lambda: seen_at_release.append(reporter.kinds()))
+    assert seen_at_release == [["STARTED"]] * 3

@@ -1,0 +1,91 @@
+"""Configuration of a worker process.
+
+Everything comes from ``CRONSCALE_*`` environment variables so one image runs against the local
+stack (the defaults) or a production cluster; ``cronscale worker`` options override a few.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from worker.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Where Kafka and the API are, which tier this worker serves and how hard it works."""
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    # Topics are "<prefix>.<tier>"; tests use a unique prefix to stay isolated.
+    topic_prefix: str = "cronscale.runs"
+    tier: str = "standard"
+    # gRPC target of the API server that records run events.
+    api_target: str = "127.0.0.1:50051"
+    # Optional bearer token sent as "authorization" metadata on every report.
+    api_token: str = ""
+    concurrency: int = 64
+    # Seconds a run may take when its message carries no max_runtime.
+    default_timeout: float = 300.0
+    # Seconds between the automatic heartbeats of a running handler (keeps its lease alive).
+    heartbeat_interval: float = 10.0
+    # Seconds that running handlers get to finish after SIGTERM before they are cancelled.
+    shutdown_grace: float = 10.0
+    instance_id: str = ""
+    # 0 disables the Prometheus endpoint.
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.default_timeout <= 0:
+            raise ConfigError(f"default timeout must be positive, got {self.default_timeout}")
+        if self.heartbeat_interval <= 0:
+            raise ConfigError(f"heartbeat interval must be positive, got {self.heartbeat_interval}")
+        if self.shutdown_grace < 0:
+            raise ConfigError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
+        if not self.tier:
+            raise ConfigError("tier must not be empty")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
+        """Builds the configuration from ``CRONSCALE_*`` variables (``os.environ`` by default).
+
+        Raises :class:`ConfigError` naming the variable when a number does not parse.
+        """
+        e = os.environ if env is None else env
+
+        def _num(name: str, default: float, kind: type[int] | type[float]) -> float:
+            raw = e.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+        return cls(
+            kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP") or "127.0.0.1:9092",
+            topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX") or "cronscale.runs",
+            tier=e.get("CRONSCALE_TIER") or "standard",
+            api_target=e.get("CRONSCALE_API") or "127.0.0.1:50051",
+            api_token=e.get("CRONSCALE_API_TOKEN", ""),
+            concurrency=int(_num("CRONSCALE_WORKER_CONCURRENCY", 64, int)),
+            default_timeout=_num("CRONSCALE_WORKER_DEFAULT_TIMEOUT", 300.0, float),
+            heartbeat_interval=_num("CRONSCALE_WORKER_HEARTBEAT_INTERVAL", 10.0, float),
+            shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
+            instance_id=e.get("CRONSCALE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}",
+            metrics_port=int(_num("CRONSCALE_METRICS_PORT", 0, int)),
+        )
+
+    @property
+    def topic(self) -> str:
+        """The Kafka topic that carries this tier's run messages."""
+        return f"{self.topic_prefix}.{self.tier}"
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group shared by every worker of this tier."""
+        return f"{self.topic_prefix}.{self.tier}.workers"

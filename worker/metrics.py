@@ -1,0 +1,53 @@
+"""The worker's Prometheus metrics (one set per process, in the default registry)."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+logger = logging.getLogger(__name__)
+
+_LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800, 3600)
+_DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+
+RUNS_STARTED = Counter(
+    "cronscale_worker_runs_started_total", "Runs whose handler the worker started.", ["tier"]
+)
+RUNS_SUCCEEDED = Counter(
+    "cronscale_worker_runs_succeeded_total", "Runs whose handler returned.", ["tier"]
+)
+RUNS_FAILED = Counter(
+    "cronscale_worker_runs_failed_total",
+    "Runs whose handler raised, timed out or was not found.",
+    ["tier"],
+)
+MESSAGES_SKIPPED = Counter(
+    "cronscale_worker_messages_skipped_total",
+    "Kafka records that were not run messages this worker can run.",
+    ["tier", "reason"],
+)
+START_LAG = Histogram(
+    "cronscale_worker_start_lag_seconds",
+    "Handler start time minus the run's scheduled time.",
+    ["tier"],
+    buckets=_LAG_BUCKETS,
+)
+RUN_DURATION = Histogram(
+    "cronscale_worker_run_duration_seconds",
+    "How long handlers ran.",
+    ["tier"],
+    buckets=_DURATION_BUCKETS,
+)
+REPORT_RETRIES = Counter(
+    "cronscale_worker_report_retries_total",
+    "Batches of run events resent because the API did not take them.",
+    ["tier"],
+)
+
+
+def serve_metrics(port: int) -> None:
+    """Serves ``/metrics`` on ``port`` (in a daemon thread); 0 does nothing."""
+    if port > 0:
+        start_http_server(port)
+        logger.info("serving Prometheus metrics on port %d", port)

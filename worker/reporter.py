@@ -1,0 +1,240 @@
+"""Reporting run events to the API in batches.
+
+Every run produces at least two events (STARTED, then SUCCEEDED or FAILED), so one RPC per event
+would cost a round trip per run. :class:`RunReporter` gathers the events of all concurrent runs
+and sends them in one ``ReportRuns`` call every 20 ms (or as soon as 500 are waiting). Each
+``report()`` resolves only when the API acknowledged the batch that carried its event: the
+consumer commits a Kafka offset only after the run's outcome is recorded.
+
+While the API is unreachable the batch is resent with backoff, forever: an event is never
+dropped. (A batch the API rejects as invalid is split to find the offending events; those fail
+with :class:`ReportRejected`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+
+from cronscale.v1 import run_reporting_service_pb2 as pb
+from cronscale.v1 import run_reporting_service_pb2_grpc as pb_grpc
+from worker.errors import ReportRejected
+
+logger = logging.getLogger(__name__)
+
+FLUSH_INTERVAL = 0.02
+MAX_BATCH = 500
+# Per call. Calls fail fast while the API is unreachable and this module's loop retries them,
+# so every retry is visible in the log and in cronscale_worker_report_retries_total.
+CALL_TIMEOUT = 5.0
+BACKOFF_INITIAL = 0.05
+BACKOFF_MAX = 2.0
+
+# A rejection that resending the same batch cannot cure.
+_REJECTED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
+
+_CHANNEL_OPTIONS = [
+    # Reconnect quickly after an API restart instead of gRPC's default (up to 120 s) backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+@dataclass(eq=False)
+class _Pending:
+    event: pb.RunEvent
+    future: asyncio.Future[pb.RunEventAck] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    queued_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+
+
+class RunReporter:
+    """Sends :class:`RunEvent`\\ s to ``RunReportingService.ReportRuns`` in batches.
+
+    Use as ``async with RunReporter(target) as reporter:`` or call :meth:`start` and
+    :meth:`close`. Batches go out one at a time, in order, so a run's events arrive in the order
+    they were reported.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str = "",
+        flush_interval: float = FLUSH_INTERVAL,
+        max_batch: int = MAX_BATCH,
+        call_timeout: float = CALL_TIMEOUT,
+        on_retry: Callable[[], None] | None = None,
+    ) -> None:
+        self._target = target
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self._flush_interval = flush_interval
+        self._max_batch = max_batch
+        self._call_timeout = call_timeout
+        self._on_retry = on_retry
+        self._queue: list[_Pending] = []
+        self._wakeup = asyncio.Event()
+        self._full = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.RunReportingServiceAsyncStub | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.retries = 0
+        """How many times a batch was resent (for metrics and tests)."""
+
+    async def __aenter__(self) -> RunReporter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Opens the channel and starts the background sender."""
+        if self._task is not None:
+            return
+        self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.RunReportingServiceStub(self._channel)
+        self._task = asyncio.create_task(self._run(), name="run-reporter")
+
+    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
+        """Queues ``event``; returns the API's ack once the batch carrying it was accepted.
+
+        Cancelling the caller does not withdraw the event: it is still sent.
+        Raises :class:`ReportRejected` if the API refuses the event as invalid.
+        """
+        if self._task is None or self._closing:
+            raise RuntimeError("the reporter is not running")
+        pending = _Pending(event)
+        self._queue.append(pending)
+        self._wakeup.set()
+        if len(self._queue) >= self._max_batch:
+            self._full.set()
+        # Cancelling this await cancels only the future; the event stays queued and is sent.
+        return await pending.future
+
+    async def close(self, drain_seconds: float = 5.0) -> None:
+        """Sends what is queued (waiting at most ``drain_seconds``), then closes the channel.
+
+        Events still unsent after that are abandoned with a warning; their runs' offsets
+        were not committed, so Kafka delivers them again.
+        """
+        if self._task is None:
+            return
+        self._closing = True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), drain_seconds)
+        except TimeoutError:
+            logger.warning(
+                "the API at %s did not take %d run events within %.1f s; giving up on them",
+                self._target,
+                len(self._queue),
+                drain_seconds,
+            )
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for pending in self._queue:
+            if not pending.future.done():
+                pending.future.cancel()
+        self._queue.clear()
+        if self._channel is not None:
+            await self._channel.close()
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            # Let the batch fill until its oldest event waited one interval, or until it is full.
+            wait = (
+                self._queue[0].queued_at + self._flush_interval - asyncio.get_running_loop().time()
+            )
+            if wait > 0 and len(self._queue) < self._max_batch and not self._closing:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), wait)
+            batch = self._queue[: self._max_batch]
+            del self._queue[: len(batch)]
+            await self._send(batch)
+
+    async def _send(self, batch: Sequence[_Pending]) -> None:
+        """Sends ``batch`` until the API takes it; resolves every future in it."""
+        delay = BACKOFF_INITIAL
+        while True:
+            try:
+                acks = await self._call(batch)
+            except grpc.aio.AioRpcError as e:
+                if e.code() in _REJECTED:
+                    await self._isolate_rejected(batch, e)
+                    return
+                self.retries += 1
+                if self._on_retry is not None:
+                    self._on_retry()
+                logger.warning(
+                    "reporting %d run events to %s failed (%s: %s); retrying in %.2f s",
+                    len(batch),
+                    self._target,
+                    e.code().name,
+                    e.details(),
+                    delay,
+                )
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, BACKOFF_MAX)
+                continue
+            for pending, ack in zip(batch, acks, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(ack)
+            return
+
+    async def _call(self, batch: Sequence[_Pending]) -> list[pb.RunEventAck]:
+        assert self._stub is not None
+        response = await self._stub.ReportRuns(
+            pb.ReportRunsRequest(events=[p.event for p in batch]),
+            timeout=self._call_timeout,
+            metadata=self._metadata,
+        )
+        acks = list(response.acks)
+        if len(acks) != len(batch):
+            # The contract is one ack per event, in order; without it, match by run_id.
+            by_run = {a.run_id: a for a in acks}
+            acks = [
+                by_run.get(p.event.run_id, pb.RunEventAck(run_id=p.event.run_id)) for p in batch
+            ]
+        return acks
+
+    async def _isolate_rejected(
+        self, batch: Sequence[_Pending], error: grpc.aio.AioRpcError
+    ) -> None:
+        if len(batch) == 1:
+            pending = batch[0]
+            logger.error(
+                "the API rejected the %s event of run %s: %s",
+                pb.RunEventKind.Name(pending.event.kind),
+                pending.event.run_id,
+                error.details(),
+                extra={"run_id": pending.event.run_id, "schedule_id": pending.event.schedule_id},
+            )
+            if not pending.future.done():
+                pending.future.set_exception(ReportRejected(str(error.details())))
+            return
+        middle = len(batch) // 2
+        await self._send(batch[:middle])
+        await self._send(batch[middle:])

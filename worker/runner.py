@@ -1,0 +1,270 @@
+"""Running one run: report STARTED, call the handler under a timeout, report the outcome.
+
+The runner owns everything between "a message arrived" and "its outcome is acknowledged": the
+consumer only decides which messages to run and when to commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from cronscale.v1 import run_reporting_service_pb2 as pb
+from worker import metrics
+from worker.errors import UnknownHandler
+from worker.handlers import HandlerContext, HandlerRegistry
+from worker.messages import RunTask
+
+logger = logging.getLogger(__name__)
+
+# Explicit heartbeats closer together than this are coalesced into one event.
+MIN_HEARTBEAT_SPACING = 1.0
+# How long ctx.heartbeat() waits for the API's ack before letting the handler go on.
+HEARTBEAT_ACK_WAIT = 2.0
+# The API truncates longer error texts anyway.
+MAX_ERROR_CHARS = 4096
+
+
+class EventReporter(Protocol):
+    """Where run events go (:class:`worker.reporter.RunReporter` in production)."""
+
+    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
+        """Delivers ``event``; returns once the API acknowledged it."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What became of a run, as reported to the API."""
+
+    run_id: str
+    handler: str
+    succeeded: bool
+    # Empty when the run succeeded.
+    error: str
+    # Seconds the handler ran (0 when it never started).
+    duration: float
+    # Seconds between scheduled_for and the handler's start.
+    start_lag: float
+
+
+class _RunState:
+    """Mutable per-run bookkeeping shared by the handler's heartbeats and the runner."""
+
+    def __init__(self) -> None:
+        self.handler_task: asyncio.Task[object] | None = None
+        self.cancel_requested = False
+        self.last_heartbeat = float("-inf")
+
+    def request_cancel(self) -> None:
+        self.cancel_requested = True
+        if self.handler_task is not None and not self.handler_task.done():
+            self.handler_task.cancel()
+
+
+class Runner:
+    """Executes :class:`RunTask`\\ s with a registry's handlers and reports what happened."""
+
+    def __init__(
+        self,
+        *,
+        registry: HandlerRegistry,
+        reporter: EventReporter,
+        worker_id: str,
+        tier: str = "standard",
+        default_timeout: float = 300.0,
+        heartbeat_interval: float = 10.0,
+    ) -> None:
+        self._registry = registry
+        self._reporter = reporter
+        self._worker_id = worker_id
+        self._tier = tier
+        self._default_timeout = default_timeout
+        self._heartbeat_interval = heartbeat_interval
+        self._background: set[asyncio.Future[pb.RunEventAck]] = set()
+        self._started = metrics.RUNS_STARTED.labels(tier)
+        self._succeeded = metrics.RUNS_SUCCEEDED.labels(tier)
+        self._failed = metrics.RUNS_FAILED.labels(tier)
+        self._start_lag = metrics.START_LAG.labels(tier)
+        self._duration = metrics.RUN_DURATION.labels(tier)
+
+    async def run(
+        self, task: RunTask, on_handler_done: Callable[[], None] | None = None
+    ) -> Outcome:
+        """Runs ``task`` to an acknowledged outcome and returns it.
+
+        ``on_handler_done`` is called once the handler is over, before the outcome is reported:
+        the consumer frees the run's concurrency slot then, so waiting for the API's ack does not
+        hold a slot.
+
+        Never raises for what the handler does (exceptions, timeouts, an unknown name all become
+        FAILED); raises only if reporting itself is refused (:class:`ReportRejected`) or the
+        caller is cancelled, in which case no outcome is reported and the run is left to Kafka's
+        redelivery and the API's lease.
+        """
+        ids = _ids(task)
+        started_at = datetime.now(UTC)
+        lag = (started_at - task.scheduled_for).total_seconds()
+        duration = 0.0
+        error = ""
+        try:
+            # Awaited: the API knows the run is RUNNING before the handler does anything, an
+            # operator's cancel is seen before the start, and while the API is unreachable no
+            # new run starts (work whose outcome cannot be recorded only piles up).
+            ack = await self._report(task, pb.RUN_EVENT_KIND_STARTED)
+            self._started.inc()
+            self._start_lag.observe(max(lag, 0.0))
+            if ack.cancel_requested:
+                error = "cancelled by an operator before it started"
+            else:
+                try:
+                    fn = self._registry.get(task.handler)
+                except UnknownHandler as e:
+                    error = str(e)
+                else:
+                    state = _RunState()
+                    ctx = self._context(task, state)
+                    loop = asyncio.get_running_loop()
+                    t0 = loop.time()
+                    error = await self._call(task, state, fn(ctx), ids)
+                    duration = loop.time() - t0
+                    self._duration.observe(duration)
+        finally:
+            if on_handler_done is not None:
+                on_handler_done()
+        outcome = Outcome(
+            run_id=task.run_id,
+            handler=task.handler,
+            succeeded=not error,
+            error=error,
+            duration=duration,
+            start_lag=lag,
+        )
+        await self._report(
+            task,
+            pb.RUN_EVENT_KIND_SUCCEEDED if outcome.succeeded else pb.RUN_EVENT_KIND_FAILED,
+            error=error[:MAX_ERROR_CHARS],
+        )
+        if outcome.succeeded:
+            self._succeeded.inc()
+            logger.info(
+                "run %s %s SUCCEEDED in %.3fs (lag %.2fs)",
+                task.run_id,
+                task.handler,
+                duration,
+                lag,
+                extra=ids,
+            )
+        else:
+            self._failed.inc()
+            logger.warning(
+                "run %s %s FAILED in %.3fs (lag %.2fs): %s",
+                task.run_id,
+                task.handler,
+                duration,
+                lag,
+                error,
+                extra=ids,
+            )
+        return outcome
+
+    async def refuse(self, task: RunTask, error: str) -> None:
+        """Reports ``task`` as FAILED with ``error`` without running it (e.g. a newer layout)."""
+        await self._report(task, pb.RUN_EVENT_KIND_FAILED, error=error[:MAX_ERROR_CHARS])
+        self._failed.inc()
+        logger.warning("run %s FAILED without running: %s", task.run_id, error, extra=_ids(task))
+
+    def _context(self, task: RunTask, state: _RunState) -> HandlerContext:
+        async def heartbeat() -> None:
+            await self._heartbeat(task, state, explicit=True)
+
+        return HandlerContext(
+            run_id=task.run_id,
+            schedule_id=task.schedule_id,
+            tenant=task.tenant,
+            attempt=task.attempt,
+            scheduled_for=task.scheduled_for,
+            payload=task.payload,
+            heartbeat=heartbeat,
+            handler=task.handler,
+            manual=task.manual,
+        )
+
+    async def _call(
+        self, task: RunTask, state: _RunState, call: Awaitable[object], ids: dict[str, str]
+    ) -> str:
+        """Awaits the handler under the timeout; returns the error text, empty on success."""
+        timeout = task.max_runtime or self._default_timeout
+        handler_task: asyncio.Task[object] = asyncio.ensure_future(call)
+        state.handler_task = handler_task
+        keep_alive = asyncio.create_task(self._keep_alive(task, state))
+        try:
+            done, _ = await asyncio.wait({handler_task}, timeout=timeout)
+        finally:
+            keep_alive.cancel()
+            if not handler_task.done():
+                # Timed out, or we are being cancelled (shutdown): stop the handler either way.
+                handler_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await handler_task
+        if not done:
+            return f"timed out after {timeout:g} s"
+        if handler_task.cancelled():
+            if state.cancel_requested:
+                return "cancelled by an operator"
+            return "CancelledError: the handler was cancelled"
+        e = handler_task.exception()
+        if e is not None:
+            logger.debug("handler %s raised", task.handler, exc_info=e, extra=ids)
+            return f"{type(e).__name__}: {e}"
+        return ""
+
+    async def _keep_alive(self, task: RunTask, state: _RunState) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_interval)
+            await self._heartbeat(task, state, explicit=False)
+
+    async def _heartbeat(self, task: RunTask, state: _RunState, *, explicit: bool) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if explicit and now - state.last_heartbeat < MIN_HEARTBEAT_SPACING:
+            return
+        state.last_heartbeat = now
+        sent = asyncio.ensure_future(self._report(task, pb.RUN_EVENT_KIND_HEARTBEAT))
+        # The event is delivered even if we stop waiting for it: keep a reference until then.
+        self._background.add(sent)
+        sent.add_done_callback(self._forget)
+        done, _ = await asyncio.wait({sent}, timeout=HEARTBEAT_ACK_WAIT)
+        acked = sent in done and not sent.cancelled() and sent.exception() is None
+        if acked and sent.result().cancel_requested:
+            logger.info("run %s: an operator asked to cancel it", task.run_id, extra=_ids(task))
+            state.request_cancel()
+
+    def _forget(self, future: asyncio.Future[pb.RunEventAck]) -> None:
+        self._background.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            logger.warning("a heartbeat was not delivered: %s", future.exception())
+
+    async def _report(
+        self, task: RunTask, kind: pb.RunEventKind.ValueType, *, error: str = ""
+    ) -> pb.RunEventAck:
+        event = pb.RunEvent(
+            kind=kind,
+            run_id=task.run_id,
+            schedule_id=task.schedule_id,
+            attempt=task.attempt,
+            worker_id=self._worker_id,
+            error=error,
+        )
+        event.scheduled_for.FromDatetime(task.scheduled_for)
+        event.event_time.FromDatetime(datetime.now(UTC))
+        return await self._reporter.report(event)
+
+
+def _ids(task: RunTask) -> dict[str, str]:
+    return {"run_id": task.run_id, "schedule_id": task.schedule_id, "tenant": task.tenant}
