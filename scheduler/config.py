@@ -33,6 +33,8 @@ class Config:
     # Fixed when the keyspace is created (stored in cluster_settings); this is the initial value.
     shard_count: int = 64
     instance_id: str = ""
+    # A slot fired later than this is a misfire: its schedule's misfire policy decides.
+    misfire_threshold_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -63,6 +65,7 @@ class Config:
             metrics_port=_int("CRONSCALE_METRICS_PORT", 0),
             shard_count=_int("CRONSCALE_SHARDS", 64),
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
+            misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
         )
 
     def topic(self, tier: str = "standard") -> str:

@@ -87,10 +87,23 @@ class FiringPlan:
         )
 
 
-def plan_fire(s: Schedule, f: FireTimer, now: datetime, plan: FiringPlan, shard_count: int) -> None:
-    """Decides what a due slot of ``s`` does, by its policies; appends to ``plan``."""
+def plan_fire(
+    s: Schedule,
+    f: FireTimer,
+    now: datetime,
+    plan: FiringPlan,
+    shard_count: int,
+    *,
+    misfire_threshold: timedelta = MISFIRE_THRESHOLD,
+) -> None:
+    """Decides what a due slot of ``s`` does, by its policies; appends to ``plan``.
+
+    A slot later than ``misfire_threshold`` counts as missed, with every slot after it up to
+    now: the misfire policy picks which run. Otherwise the slot runs, subject to the overlap
+    policy; then the next slot is put, or the schedule completes.
+    """
     due = Slot(slot=f.slot, at=f.scheduled_for)
-    if now - f.scheduled_for > MISFIRE_THRESHOLD:
+    if now - f.scheduled_for > misfire_threshold:
         more = slots_between(s, f.slot, now, MAX_ENUMERATED_MISSES)
         missed = [due, *more]
         decided = plan_misfire(s.policies, missed, now)
@@ -153,7 +166,7 @@ def plan_fire(s: Schedule, f: FireTimer, now: datetime, plan: FiringPlan, shard_
     nxt = None
     if not (s.spec.max_runs and fired >= s.spec.max_runs):
         nxt = next_slot(s, last)
-        if nxt is not None and nxt.slot <= now and now - nxt.at > MISFIRE_THRESHOLD:
+        if nxt is not None and nxt.slot <= now and now - nxt.at > misfire_threshold:
             nxt = next_slot(s, now)
     until = nxt.slot if nxt is not None else last + timedelta(days=1)
     plan.skipped.extend(_dst_runs(s, last, until))
@@ -240,8 +253,10 @@ class Firing:
         timers: CassandraTimerStore,
         queue: KafkaRunQueue,
         topic: str,
+        misfire_threshold: timedelta = MISFIRE_THRESHOLD,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        self._misfire_threshold = misfire_threshold
         self._schedules = schedules
         self._runs = runs
         self._timers = timers
@@ -273,7 +288,14 @@ class Firing:
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
-            plan_fire(s, f, now, plan, self._timers.shard_count)
+            plan_fire(
+                s,
+                f,
+                now,
+                plan,
+                self._timers.shard_count,
+                misfire_threshold=self._misfire_threshold,
+            )
         for r in runs:
             s = schedules.get(r.schedule_id)
             if s is None or s.state is ScheduleState.CANCELLED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from datetime import timedelta
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.wheel import TimerWheel
@@ -38,7 +39,12 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
         await queue.start()
         try:
             firing = Firing(
-                schedules=schedules, runs=runs, timers=timers, queue=queue, topic=config.topic()
+                schedules=schedules,
+                runs=runs,
+                timers=timers,
+                queue=queue,
+                topic=config.topic(),
+                misfire_threshold=timedelta(seconds=config.misfire_threshold_s),
             )
             wheel = TimerWheel(timers, instance=config.instance_id, on_due=firing.on_due)
             metrics.serve_metrics(config.metrics_port)

@@ -76,7 +76,10 @@ def test_schedule_json_uses_proto_names_bare_enums_and_decoded_payload() -> None
     assert data["state"] == "ACTIVE"
     assert data["payload"] == {"hello": "cronscale"}
     assert data["version"] == 3  # int64 as a JSON number
-    assert data["spec"] == {"cron": {"expression": "*/5 * * * * *", "timezone": "UTC"}}
+    assert data["spec"] == {
+        "cron": {"expression": "*/5 * * * * *", "timezone": "UTC"},
+        "max_runs": 0,
+    }
     assert data["create_time"] == "2026-12-02T15:00:05Z"
     assert data["next_fire_time"] == "2026-12-02T15:00:10Z"
     # Fields without presence are printed even when default; unset messages are not.
@@ -147,10 +150,10 @@ def test_list_responses_render_nested_messages() -> None:
 def test_interval_and_once_specs_in_json() -> None:
     schedule = schedule_pb2.Schedule()
     schedule.spec.interval.every.FromTimedelta(timedelta(minutes=90))
-    assert message_to_json(schedule)["spec"] == {"interval": {"every": "5400s"}}
+    assert message_to_json(schedule)["spec"] == {"interval": {"every": "5400s"}, "max_runs": 0}
     once = schedule_pb2.Schedule()
     once.spec.once.at.FromDatetime(T0)
-    assert message_to_json(once)["spec"] == {"once": {"at": "2026-12-02T15:00:05Z"}}
+    assert message_to_json(once)["spec"] == {"once": {"at": "2026-12-02T15:00:05Z"}, "max_runs": 0}
 
 
 def test_dumps_is_valid_json_keeping_unicode() -> None:

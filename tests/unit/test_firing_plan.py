@@ -1,0 +1,171 @@
+"""The dispatcher's per-slot decisions (scheduler.firing.plan_fire): pure, no services."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from scheduler.firing import STALE_RUN, FiringPlan, plan_fire
+from scheduler.model import (
+    BufferedRun,
+    MisfireMode,
+    OverlapMode,
+    RunStatus,
+    Schedule,
+    SchedulePolicies,
+    ScheduleSpec,
+    SpecKind,
+)
+from scheduler.timers import FireTimer
+from scheduler.timespec import GapPolicy
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+THRESHOLD = timedelta(seconds=30)
+
+
+def _schedule(
+    cron: str = "* * * * *",
+    *,
+    tz: str = "UTC",
+    policies: SchedulePolicies | None = None,
+    running: dict[str, datetime] | None = None,
+    buffered: BufferedRun | None = None,
+    max_runs: int = 0,
+    gap: GapPolicy | None = None,
+) -> Schedule:
+    return Schedule(
+        schedule_id="s1",
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.CRON, cron=cron, timezone=tz, max_runs=max_runs,
+                          dst_gap=gap),
+        generation=7,
+        policies=policies or SchedulePolicies(),
+        running=running or {},
+        buffered=buffered,
+    )
+
+
+def _timer(slot: datetime, fired: int = 0) -> FireTimer:
+    return FireTimer(schedule_id="s1", generation=7, slot=slot, scheduled_for=slot, fired=fired)
+
+
+def _plan(s: Schedule, f: FireTimer, now: datetime) -> FiringPlan:
+    plan = FiringPlan()
+    plan_fire(s, f, now, plan, 8, misfire_threshold=THRESHOLD)
+    return plan
+
+
+def _next_slot(plan: FiringPlan) -> datetime:
+    (t,) = plan.next_timers
+    return FireTimer.from_timer(t).slot
+
+
+def test_on_time_slot_runs_and_next_is_put_from_the_slot() -> None:
+    plan = _plan(_schedule(), _timer(T0), T0 + timedelta(milliseconds=300))
+    assert [r.scheduled_for for _s, r in plan.enqueue] == [T0]
+    assert plan.enqueue[0][1].run_id == "s1@20260601T120000.000Z"
+    assert plan.skipped == []
+    assert _next_slot(plan) == T0 + timedelta(minutes=1)
+    assert FireTimer.from_timer(plan.next_timers[0]).fired == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "ran", "skipped"),
+    [
+        (MisfireMode.SKIP, [], [0, 1, 2, 3, 4, 5]),
+        (MisfireMode.FIRE_ONCE, [5], [0, 1, 2, 3, 4]),
+        (MisfireMode.FIRE_ALL, [0, 1, 2, 3, 4, 5], []),
+    ],
+)
+def test_misfire_policies_after_an_outage(
+    mode: MisfireMode, ran: list[int], skipped: list[int]
+) -> None:
+    # Down from 12:00 to 12:05:30: slots 12:00 .. 12:05 were missed.
+    s = _schedule(policies=SchedulePolicies(misfire=mode))
+    now = T0 + timedelta(minutes=5, seconds=30)
+    plan = _plan(s, _timer(T0), now)
+    minute = timedelta(minutes=1)
+    assert [r.scheduled_for for _s, r in plan.enqueue] == [T0 + i * minute for i in ran]
+    assert [r.scheduled_for for r in plan.skipped] == [T0 + i * minute for i in skipped]
+    assert all(r.skip_reason == "misfire" and r.status is RunStatus.SKIPPED for r in plan.skipped)
+    assert _next_slot(plan) == T0 + 6 * minute
+
+
+def test_fire_all_respects_the_catch_up_window_and_max() -> None:
+    policies = SchedulePolicies(
+        misfire=MisfireMode.FIRE_ALL, catch_up_window=timedelta(minutes=3), max_catch_up=2
+    )
+    now = T0 + timedelta(minutes=5, seconds=30)
+    plan = _plan(_schedule(policies=policies), _timer(T0), now)
+    minute = timedelta(minutes=1)
+    assert [r.scheduled_for for _s, r in plan.enqueue] == [T0 + 4 * minute, T0 + 5 * minute]
+    assert len(plan.skipped) == 4
+
+
+def test_small_lag_is_not_a_misfire() -> None:
+    plan = _plan(_schedule(), _timer(T0), T0 + timedelta(seconds=10))
+    assert len(plan.enqueue) == 1 and plan.skipped == []
+
+
+@pytest.mark.parametrize("mode", list(OverlapMode))
+def test_overlap_policies_with_a_run_in_progress(mode: OverlapMode) -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = _schedule(policies=SchedulePolicies(overlap=mode), running={"s1@prev": now})
+    plan = _plan(s, _timer(T0), now)
+    if mode is OverlapMode.SKIP:
+        assert plan.enqueue == [] and [r.skip_reason for r in plan.skipped] == ["overlap"]
+    elif mode is OverlapMode.ALLOW:
+        assert len(plan.enqueue) == 1 and plan.skipped == [] and plan.cancel == []
+    elif mode is OverlapMode.BUFFER_ONE:
+        assert plan.enqueue == [] and plan.skipped == []
+        assert [b.run_id for _s, b in plan.buffered] == ["s1@20260601T120000.000Z"]
+    else:
+        assert len(plan.enqueue) == 1 and plan.cancel == ["s1@prev"]
+    assert len(plan.next_timers) == 1, "the schedule advances whatever the overlap policy"
+
+
+def test_buffer_one_holds_only_one() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    held = BufferedRun(run_id="s1@held", scheduled_for=T0 - timedelta(minutes=1))
+    s = _schedule(
+        policies=SchedulePolicies(overlap=OverlapMode.BUFFER_ONE),
+        running={"s1@prev": now},
+        buffered=held,
+    )
+    plan = _plan(s, _timer(T0), now)
+    assert plan.buffered == [] and [r.skip_reason for r in plan.skipped] == ["overlap"]
+
+
+def test_a_stale_run_in_progress_does_not_block() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = _schedule(running={"s1@lost": now - STALE_RUN - timedelta(seconds=1)})
+    assert len(_plan(s, _timer(T0), now).enqueue) == 1
+
+
+def test_max_runs_completes_the_schedule() -> None:
+    s = _schedule(max_runs=3)
+    plan = _plan(s, _timer(T0, fired=2), T0)
+    assert len(plan.enqueue) == 1
+    assert plan.next_timers == [] and [c[0].schedule_id for c in plan.completed] == ["s1"]
+
+
+def test_one_shot_completes_after_firing() -> None:
+    s = Schedule(
+        schedule_id="s1", handler="echo", generation=7,
+        spec=ScheduleSpec(kind=SpecKind.ONCE, at=T0),
+    )
+    plan = _plan(s, _timer(T0), T0)
+    assert len(plan.enqueue) == 1 and plan.next_timers == [] and len(plan.completed) == 1
+
+
+def test_dst_gap_skip_is_recorded() -> None:
+    # 02:30 does not exist in New York on 2026-03-08; with gap SKIP it is recorded, not lost.
+    s = _schedule("30 2 * * *", tz="America/New_York", gap=GapPolicy.SKIP)
+    slot = datetime(2026, 3, 7, 7, 30, tzinfo=UTC)  # 2026-03-07 02:30 EST
+    plan = _plan(s, _timer(slot), slot)
+    assert _next_slot(plan) == datetime(2026, 3, 9, 6, 30, tzinfo=UTC)
+    (dst,) = plan.skipped
+    assert dst.skip_reason == "dst"
+    assert dst.scheduled_for == datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
+    assert dst.run_id.endswith("~dst-023000")
