@@ -54,10 +54,12 @@ class Config:
         api = e.get("CRONSCALE_API", "127.0.0.1:50051")
         return cls(
             cassandra_hosts=tuple(h for h in hosts if h),
-            cassandra_port=_int("CRONSCALE_CASSANDRA_PORT", 9042),
+            # Without explicit client settings, follow the local stack's ports.
+            cassandra_port=_int("CRONSCALE_CASSANDRA_PORT", _int("CRONSCALE_LOCAL_CQL_PORT", 9042)),
             keyspace=e.get("CRONSCALE_KEYSPACE", "cronscale"),
             replication=e.get("CRONSCALE_REPLICATION", "SimpleStrategy:1"),
-            kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP")
+            or f"127.0.0.1:{_int('CRONSCALE_LOCAL_KAFKA_PORT', 9092)}",
             topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX", "cronscale.runs"),
             topic_partitions=_int("CRONSCALE_TOPIC_PARTITIONS", 6),
             api_listen=e.get("CRONSCALE_API_LISTEN", api),

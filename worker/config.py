@@ -67,7 +67,9 @@ class WorkerConfig:
                 raise ConfigError(f"{name} must be a number, got {raw!r}") from None
 
         return cls(
-            kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP") or "127.0.0.1:9092",
+            # Without an explicit bootstrap, follow the local stack's port.
+            kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP")
+            or f"127.0.0.1:{e.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}",
             topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX") or "cronscale.runs",
             tier=e.get("CRONSCALE_TIER") or "standard",
             api_target=e.get("CRONSCALE_API") or "127.0.0.1:50051",

@@ -30,7 +30,9 @@ from worker.main import run_worker
 
 pytestmark = pytest.mark.integration
 
-BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP") or (
+    f"127.0.0.1:{os.environ.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}"
+)
 PARTITIONS = 3
 
 
