@@ -169,17 +169,42 @@ async def write_grouped(
     *,
     in_flight: int = 16,
 ) -> None:
-    """Writes rows as unlogged batches, one partition per batch, ``in_flight`` batches at once.
+    """Writes rows as unlogged batches, many in flight, never one request per row.
 
-    Single-partition unlogged batches are applied atomically by the replica and cost one request
-    for up to BATCH_ROWS rows; this is how every per-firing write leaves the process.
+    Rows are grouped by partition, and partitions by the replica that owns them (token-aware),
+    into batches of up to BATCH_ROWS rows: a batch then goes to the node that applies all of it
+    locally, and a firing's rows (its run, its schedule's bookkeeping, its next timer) cost a
+    share of a request instead of a round trip each. A partition's rows stay in one batch, so
+    they are applied atomically.
     """
-    batches: list[BatchStatement] = []
+    by_replica: dict[Any, list[list[tuple[PreparedStatement, Sequence[Any]]]]] = {}
+    metadata = session.cluster.metadata
     for group in partition_groups(items).values():
-        for start in range(0, len(group), BATCH_ROWS):
-            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            for stmt, params in group[start : start + BATCH_ROWS]:
-                batch.add(stmt, params)
+        stmt, params = group[0]
+        bound = stmt.bind(params)
+        replicas = (
+            metadata.get_replicas(bound.keyspace, bound.routing_key)
+            if bound.routing_key is not None
+            else []
+        )
+        by_replica.setdefault(replicas[0] if replicas else None, []).append(group)
+    batches: list[BatchStatement] = []
+    for groups in by_replica.values():
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        rows = 0
+        for whole in groups:
+            # A partition larger than a batch (a peak minute of one shard) is split; its rows
+            # are idempotent puts, so only the per-partition atomicity is given up.
+            for start in range(0, len(whole), BATCH_ROWS):
+                chunk = whole[start : start + BATCH_ROWS]
+                if rows and rows + len(chunk) > BATCH_ROWS:
+                    batches.append(batch)
+                    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                    rows = 0
+                for stmt, params in chunk:
+                    batch.add(stmt, params)
+                rows += len(chunk)
+        if rows:
             batches.append(batch)
     await run_bounded(session, batches, in_flight=in_flight)
 
