@@ -9,7 +9,14 @@ from pathlib import Path
 
 from cassandra.cluster import Session
 
-from bucketer.cql import Queries, aexecute, execute_conditional, first, write_grouped
+from bucketer.cql import (
+    Queries,
+    aexecute,
+    aexecute_all,
+    execute_conditional,
+    first,
+    write_grouped,
+)
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, ShardLease, Timer
 
@@ -77,6 +84,27 @@ class CassandraTimerStore:
             (bucket, shard, after[0], after[1], until, limit),
         )
         return [Timer.from_row(r, shard=shard) for r in rows]
+
+    async def scan_shards(
+        self,
+        *,
+        bucket: int,
+        shards: Sequence[int],
+        after: tuple[datetime, str],
+        until: datetime,
+        limit_per_shard: int,
+    ) -> dict[int, list[Timer]]:
+        """Timers of (bucket, s) for every s in ``shards``, after ``after`` and due by
+        ``until``, at most ``limit_per_shard`` each, in one multi-partition read."""
+        rows = await aexecute_all(
+            self._session,
+            self._q["scan_shards"],
+            (bucket, list(shards), after[0], after[1], until, limit_per_shard),
+        )
+        out: dict[int, list[Timer]] = {s: [] for s in shards}
+        for r in rows:
+            out[r.shard].append(Timer.from_row(r, shard=r.shard))
+        return out
 
     # Leases -------------------------------------------------------------------------------
 

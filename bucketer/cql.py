@@ -137,6 +137,37 @@ async def aexecute(
     return await fut
 
 
+async def aexecute_all(
+    session: Session, statement: Any, params: Sequence[Any] | None = None
+) -> list[Any]:
+    """Like ``aexecute`` but follows every page (for multi-partition reads)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[list[Any]] = loop.create_future()
+    rows: list[Any] = []
+    rf: ResponseFuture = session.execute_async(statement, params)
+
+    def _settle(exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(rows)
+
+    def _ok(page: Any) -> None:
+        rows.extend(page or ())
+        if rf.has_more_pages:
+            rf.start_fetching_next_page()
+        else:
+            loop.call_soon_threadsafe(_settle, None)
+
+    def _err(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_settle, exc)
+
+    rf.add_callbacks(_ok, _err)
+    return await fut
+
+
 async def execute_conditional(
     session: Session, statement: Any, params: Sequence[Any] | None = None
 ) -> tuple[bool, dict[str, Any]]:

@@ -1,18 +1,28 @@
-"""Scanning one owned shard: read due timers, hand them over in batches, move checkpoints.
+"""Scanning the owned shards: read due timers ahead of time, fire them on time, checkpoint.
 
-Per shard the scanner walks the minute buckets from the first unfinished one to the current
-one. In each it reads timers after the partition's checkpoint and due by now, hands the ones it
-has not handed yet to ``on_due``, and afterwards moves the checkpoint forward with a write fenced
-by the shard's epoch. The checkpoint trails now by ``grace``: a timer written moments late (an
-in-flight write, a writer's clock slightly behind) still lands after it and is picked up, while
-the in-memory set of handed timers keeps the re-read window from firing twice.
+One scanner serves every shard its member owns. Each tick it reads, for every unfinished
+(minute_bucket, shard) partition of its shards, the timers due by ``now + lookahead`` that it
+has not seen, with one multi-partition query per bucket (chunks of shards), not a query per
+shard: an idle dispatcher with 64 shards costs two queries a tick, not 64. Timers wait in
+memory until due and are handed to ``on_due`` in batches the moment they are; the read-ahead is
+what keeps the :00 burst from being I/O bound ("read bucket t+1 ahead of time").
+
+Progress: after a batch is handed, each partition's checkpoint may move to the first timer
+still pending, but never past ``now - grace``. The grace window lets a timer written moments
+late (a write in flight, a writer's clock a little behind) still be read; re-read timers are
+recognised by position and not handed twice. Checkpoints and finished buckets are written with
+the shard's epoch as condition (fencing), at most once per ``checkpoint_every`` per shard and
+only when something was handed, so a new owner resumes where this one provably got to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership, epoch_start
@@ -22,112 +32,241 @@ from bucketer.model import Checkpoint, ShardLease, Timer
 logger = logging.getLogger(__name__)
 
 OnDue = Callable[[list[Timer]], Awaitable[None]]
+Position = tuple[datetime, str]
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class ShardScanner:
-    """Fires the due timers of one shard while this process holds it at ``lease.epoch``."""
+@dataclass
+class ShardProgress:
+    """What this member knows of one owned shard."""
+
+    shard: int
+    epoch: int
+    done_through: int
+    checkpoints: dict[int, Position] = field(default_factory=dict)
+    # Read but not yet handed over, and handed over but still inside the re-read window.
+    pending: dict[Position, Timer] = field(default_factory=dict)
+    handed: set[Position] = field(default_factory=set)
+    # Buckets with timers handed since their checkpoint was last written.
+    dirty: set[int] = field(default_factory=set)
+    # Everything due by this instant has been read (None: not read since claimed). No
+    # checkpoint may pass it: what was not read cannot have fired.
+    read_until: datetime | None = None
+    last_flush: float = 0.0
+
+    def after(self, bucket: int) -> Position:
+        return self.checkpoints.get(bucket, (epoch_start(), ""))
+
+
+class WheelScanner:
+    """Fires the due timers of every shard added to it, until they are removed."""
 
     def __init__(
         self,
         store: CassandraTimerStore,
-        lease: ShardLease,
         on_due: OnDue,
         *,
-        poll: timedelta = timedelta(milliseconds=250),
+        tick: timedelta = timedelta(milliseconds=500),
+        lookahead: timedelta = timedelta(seconds=1),
         grace: timedelta = timedelta(seconds=2),
         batch: int = 1000,
+        per_shard_limit: int = 1000,
+        shards_per_query: int = 32,
         checkpoint_every: timedelta = timedelta(seconds=1),
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self._store = store
-        self.shard = lease.shard
-        self.epoch = lease.epoch
         self._on_due = on_due
-        self._poll = poll
+        self._tick = tick.total_seconds()
+        self._lookahead = lookahead
         self._grace = grace
         self._batch = batch
-        self._checkpoint_every = checkpoint_every
+        self._limit = per_shard_limit
+        self._chunk = shards_per_query
+        self._checkpoint_every = checkpoint_every.total_seconds()
         self._clock = clock
-        self._done_through = (
-            lease.done_through if lease.done_through is not None else minute_bucket(clock()) - 1
+        self.shards: dict[int, ShardProgress] = {}
+        self._wake = asyncio.Event()
+
+    # Ownership ----------------------------------------------------------------------------
+
+    async def add_shard(self, lease: ShardLease) -> None:
+        """Starts serving a shard just claimed at ``lease.epoch``, from its checkpoints."""
+        done = lease.done_through
+        if done is None:
+            done = minute_bucket(self._clock()) - 1
+        stored = await self._store.read_checkpoints(lease.shard, done)
+        self.shards[lease.shard] = ShardProgress(
+            shard=lease.shard,
+            epoch=lease.epoch,
+            done_through=done,
+            checkpoints={b: (c.fire_time, c.timer_id) for b, c in stored.items()},
         )
-        self._checkpoints: dict[int, Checkpoint] = {}
-        self._dirty: set[int] = set()
-        self._last_flush = clock()
-        # Timers handed over but still inside the re-read window, by position.
-        self._handed: set[tuple[datetime, str]] = set()
+        self._wake.set()
+
+    def remove_shard(self, shard: int) -> None:
+        """Stops serving a shard (released or lost); its unfired timers are the next owner's."""
+        self.shards.pop(shard, None)
+
+    # Loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Scans until cancelled or until the shard is lost (LostOwnership ends the loop)."""
-        self._checkpoints = await self._store.read_checkpoints(self.shard, self._done_through)
+        """Reads, fires and checkpoints until cancelled; survives its own failures."""
+        next_read = 0.0
         while True:
             try:
-                busy = await self.scan_once()
-            except LostOwnership:
-                logger.warning("shard %d: fenced out at epoch %d; stopping", self.shard, self.epoch)
-                return
+                if time.monotonic() >= next_read:
+                    more = await self.read(self._clock())
+                    next_read = time.monotonic() + (0 if more else self._tick)
+                await self.fire_due()
+                await self.record_progress()
             except asyncio.CancelledError:
                 raise
             except Exception:
-                logger.exception("shard %d: scan failed; retrying", self.shard)
-                busy = False
-            if not busy:
-                await asyncio.sleep(self._poll.total_seconds())
+                logger.exception("timer scan failed; retrying")
+                next_read = time.monotonic() + self._tick
+            await self._sleep(next_read)
 
-    async def scan_once(self) -> bool:
-        """One pass over the unfinished buckets; True if a batch was full (more is waiting)."""
-        now = self._clock()
-        horizon = now - self._grace
-        current = minute_bucket(now)
-        busy = False
-        finished = self._done_through
-        for bucket in range(self._done_through + 1, current + 1):
-            full = await self._scan_bucket(bucket, now, horizon)
-            busy = busy or full
-            if finished == bucket - 1 and not full and bucket_end(bucket) <= horizon:
-                finished = bucket
-        await self._flush(now, force=finished > self._done_through)
-        if finished > self._done_through:
-            await self._store.finish_through(self.shard, self.epoch, finished)
-            for b in range(self._done_through + 1, finished + 1):
-                self._checkpoints.pop(b, None)
-            self._done_through = finished
-        return busy
-
-    async def _scan_bucket(self, bucket: int, now: datetime, horizon: datetime) -> bool:
-        cp = self._checkpoints.get(bucket)
-        after = (cp.fire_time, cp.timer_id) if cp else (epoch_start(), "")
-        timers = await self._store.scan(
-            shard=self.shard, bucket=bucket, after=after, until=now, limit=self._batch
+    async def _sleep(self, next_read: float) -> None:
+        wait = next_read - time.monotonic()
+        earliest = min(
+            (t.fire_time for p in self.shards.values() for t in p.pending.values()), default=None
         )
-        fresh = [t for t in timers if t.position not in self._handed]
-        if fresh:
-            await self._on_due(fresh)
-            self._handed.update(t.position for t in fresh)
-        full = len(timers) >= self._batch
-        # Everything read has fired. Move the checkpoint to the last timer read, but never past
-        # the grace horizon while the batch was not full: timers may still land behind it.
-        target = timers[-1].position if full else (horizon, "")
-        if target > after:
-            self._checkpoints[bucket] = Checkpoint(
-                bucket=bucket, fire_time=target[0], timer_id=target[1]
-            )
-            if fresh:
-                self._dirty.add(bucket)
-            self._handed = {p for p in self._handed if p > target}
-        return full
+        if earliest is not None:
+            wait = min(wait, (earliest - self._clock()).total_seconds())
+        self._wake.clear()
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
 
-    async def _flush(self, now: datetime, *, force: bool) -> None:
-        """Persists changed checkpoints, at most once per ``checkpoint_every`` unless forced."""
-        if not self._dirty or (not force and now - self._last_flush < self._checkpoint_every):
+    async def read(self, now: datetime) -> bool:
+        """Reads every owned shard's unfinished buckets up to now + lookahead into memory.
+        Returns True if some partition held more than one read's worth (read again soon)."""
+        until = now + self._lookahead
+        last = minute_bucket(until)
+        wanted: dict[int, list[ShardProgress]] = {}
+        for p in list(self.shards.values()):
+            for bucket in range(p.done_through + 1, last + 1):
+                wanted.setdefault(bucket, []).append(p)
+        more = False
+        truncated: set[int] = set()
+        for bucket, progress in sorted(wanted.items()):
+            for start in range(0, len(progress), self._chunk):
+                chunk = progress[start : start + self._chunk]
+                after = min(p.after(bucket) for p in chunk)
+                found = await self._store.scan_shards(
+                    bucket=bucket,
+                    shards=[p.shard for p in chunk],
+                    after=after,
+                    until=until,
+                    limit_per_shard=self._limit,
+                )
+                for p in chunk:
+                    timers = found.get(p.shard, [])
+                    self._take(p, bucket, timers)
+                    if len(timers) >= self._limit and await self._read_rest(
+                        p, bucket, timers[-1].position, until
+                    ):
+                        more = True
+                        truncated.add(p.shard)
+        for p in {id(p): p for ps in wanted.values() for p in ps}.values():
+            if p.shard not in truncated:
+                p.read_until = until
+        return more
+
+    async def _read_rest(
+        self, p: ShardProgress, bucket: int, after: Position, until: datetime
+    ) -> bool:
+        """A busy partition: page through it alone, from the last timer read."""
+        for _ in range(10):
+            timers = await self._store.scan(
+                shard=p.shard, bucket=bucket, after=after, until=until, limit=self._limit
+            )
+            self._take(p, bucket, timers)
+            if len(timers) < self._limit:
+                return False
+            after = timers[-1].position
+        return True
+
+    def _take(self, p: ShardProgress, bucket: int, timers: list[Timer]) -> None:
+        if self.shards.get(p.shard) is not p:
+            return  # lost while reading
+        floor = p.after(bucket)
+        for t in timers:
+            pos = t.position
+            if pos > floor and pos not in p.handed and pos not in p.pending:
+                p.pending[pos] = t
+
+    async def fire_due(self) -> None:
+        """Hands every pending timer that is due to ``on_due``, in batches, oldest first."""
+        now = self._clock()
+        due = sorted(
+            (t for p in self.shards.values() for t in p.pending.values() if t.fire_time <= now),
+            key=lambda t: t.position,
+        )
+        for start in range(0, len(due), self._batch):
+            batch = due[start : start + self._batch]
+            await self._on_due(batch)
+            for t in batch:
+                p = self.shards.get(t.shard)
+                if p is None:
+                    continue
+                p.pending.pop(t.position, None)
+                p.handed.add(t.position)
+                p.dirty.add(t.bucket)
+
+    async def record_progress(self) -> None:
+        """Moves checkpoints and finishes buckets, fenced by each shard's epoch."""
+        now = self._clock()
+        horizon: Position = (now - self._grace, "")
+        for p in list(self.shards.values()):
+            try:
+                await self._progress(p, now, horizon)
+            except LostOwnership:
+                logger.warning("shard %d: fenced out at epoch %d; dropping it", p.shard, p.epoch)
+                self.remove_shard(p.shard)
+
+    async def _progress(self, p: ShardProgress, now: datetime, horizon: Position) -> None:
+        if p.read_until is None:
             return
-        for bucket in sorted(self._dirty):
-            cp = self._checkpoints.get(bucket)
-            if cp is not None and bucket > self._done_through:
-                await self._store.advance_checkpoint(self.shard, self.epoch, cp)
-        self._dirty.clear()
-        self._last_flush = now
+        horizon = min(horizon, (p.read_until, ""))
+        current = minute_bucket(now)
+        first_pending: dict[int, Position] = {}
+        for pos, t in p.pending.items():
+            b = t.bucket
+            if b not in first_pending or pos < first_pending[b]:
+                first_pending[b] = pos
+        finished = p.done_through
+        for bucket in range(p.done_through + 1, current + 1):
+            target = horizon
+            if bucket in first_pending:
+                target = min(target, (first_pending[bucket][0], ""))
+            if target > p.after(bucket):
+                p.checkpoints[bucket] = target
+            if (
+                finished == bucket - 1
+                and bucket not in first_pending
+                and bucket_end(bucket) <= horizon[0]
+            ):
+                finished = bucket
+        force = finished > p.done_through
+        mono = time.monotonic()
+        if p.dirty and (force or mono - p.last_flush >= self._checkpoint_every):
+            for bucket in sorted(p.dirty):
+                if bucket > finished and bucket in p.checkpoints:
+                    at, tid = p.checkpoints[bucket]
+                    await self._store.advance_checkpoint(
+                        p.shard, p.epoch, Checkpoint(bucket=bucket, fire_time=at, timer_id=tid)
+                    )
+            p.dirty.clear()
+            p.last_flush = mono
+        if force:
+            await self._store.finish_through(p.shard, p.epoch, finished)
+            for b in range(p.done_through + 1, finished + 1):
+                p.checkpoints.pop(b, None)
+            p.done_through = finished
+        floor = min((p.after(b) for b in range(p.done_through + 1, current + 2)), default=horizon)
+        p.handed = {pos for pos in p.handed if pos > floor}

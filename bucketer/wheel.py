@@ -1,4 +1,4 @@
-"""The timer wheel as a whole: shard ownership plus one scanner per owned shard."""
+"""The timer wheel as a whole: shard ownership plus the scanner of the owned shards."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import logging
 from datetime import timedelta
 
 from bucketer.cassandra import CassandraTimerStore
-from bucketer.model import ShardLease
 from bucketer.ownership import ShardOwnership
-from bucketer.scanner import OnDue, ShardScanner
+from bucketer.scanner import OnDue, WheelScanner
 
 logger = logging.getLogger(__name__)
 
@@ -26,19 +25,15 @@ class TimerWheel:
         on_due: OnDue,
         lease: timedelta = timedelta(seconds=10),
         cycle: timedelta = timedelta(seconds=2),
-        poll: timedelta = timedelta(milliseconds=250),
+        tick: timedelta = timedelta(milliseconds=500),
         grace: timedelta = timedelta(seconds=2),
     ) -> None:
-        self._store = store
-        self._on_due = on_due
-        self._poll = poll
-        self._grace = grace
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self.scanner = WheelScanner(store, on_due, tick=tick, grace=grace)
         self.ownership = ShardOwnership(
             store,
             instance=instance,
-            on_gain=self._start_shard,
-            on_loss=self._stop_shard,
+            on_gain=self.scanner.add_shard,
+            on_loss=self._lose,
             lease=lease,
             cycle=cycle,
         )
@@ -48,24 +43,14 @@ class TimerWheel:
         return sorted(self.ownership.owned)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Owns and scans shards until ``stop`` is set; then stops scanners and releases."""
+        """Owns and scans shards until ``stop`` is set; then stops scanning and releases."""
+        scanning = asyncio.create_task(self.scanner.run(), name="timer-scanner")
         try:
             await self.ownership.run(stop)
         finally:
-            for shard in list(self._tasks):
-                await self._stop_shard(shard)
+            scanning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scanning
 
-    async def _start_shard(self, lease: ShardLease) -> None:
-        await self._stop_shard(lease.shard)
-        scanner = ShardScanner(self._store, lease, self._on_due, poll=self._poll, grace=self._grace)
-        self._tasks[lease.shard] = asyncio.create_task(
-            scanner.run(), name=f"scan-shard-{lease.shard}"
-        )
-
-    async def _stop_shard(self, shard: int) -> None:
-        task = self._tasks.pop(shard, None)
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async def _lose(self, shard: int) -> None:
+        self.scanner.remove_shard(shard)

@@ -11,7 +11,7 @@ from cassandra.cluster import Session
 from bucketer.cassandra import CassandraTimerStore, LostOwnership
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, Timer
-from bucketer.scanner import ShardScanner
+from bucketer.scanner import WheelScanner
 from scheduler.config import Config
 
 
@@ -63,18 +63,21 @@ async def test_claim_contest_has_exactly_one_winner_and_fences_the_loser(
 
 
 async def test_scanner_fires_due_timers_once_and_checkpoints(store: CassandraTimerStore) -> None:
-    shard = 5
-    lease = await store.read_lease(shard)
-    claimed = await store.claim(
-        lease, owner="scan-test", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-    )
-    assert claimed is not None
+    shards = [5, 6]
+    claimed = []
+    for shard in shards:
+        lease = await store.read_lease(shard)
+        got = await store.claim(
+            lease, owner="scan-test", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+        )
+        assert got is not None
+        claimed.append(got)
     now = datetime.now(UTC)
     due = [
         Timer(
             fire_time=now - timedelta(milliseconds=10 * i),
             timer_id=f"t{i}",
-            shard=shard,
+            shard=shards[i % 2],
             kind="test",
             key=f"k{i}",
             data=b"%d" % i,
@@ -82,11 +85,7 @@ async def test_scanner_fires_due_timers_once_and_checkpoints(store: CassandraTim
         for i in range(25)
     ]
     later = Timer(
-        fire_time=now + timedelta(seconds=2),
-        timer_id="later",
-        shard=shard,
-        kind="test",
-        key="later",
+        fire_time=now + timedelta(seconds=2), timer_id="later", shard=5, kind="test", key="later"
     )
     await store.put([*due, later], now=now - timedelta(seconds=1))
 
@@ -95,16 +94,36 @@ async def test_scanner_fires_due_timers_once_and_checkpoints(store: CassandraTim
     async def on_due(batch: list[Timer]) -> None:
         fired.extend(batch)
 
-    scanner = ShardScanner(store, claimed, on_due, batch=10, grace=timedelta(seconds=1))
-    scanner._checkpoints = await store.read_checkpoints(shard, scanner._done_through)
-    for _ in range(6):
-        await scanner.scan_once()
+    # A per-shard limit below the number of timers exercises paging through a busy partition.
+    scanner = WheelScanner(
+        store,
+        on_due,
+        grace=timedelta(seconds=1),
+        per_shard_limit=5,
+        batch=7,
+        lookahead=timedelta(milliseconds=500),
+    )
+    for lease in claimed:
+        await scanner.add_shard(lease)
+
+    async def one_pass() -> None:
+        await scanner.read(datetime.now(UTC))
+        await scanner.fire_due()
+        await scanner.record_progress()
+
+    for _ in range(3):
+        await one_pass()
     assert sorted(t.timer_id for t in fired) == sorted(t.timer_id for t in due)
     await asyncio.sleep(2.2)
     for _ in range(3):
-        await scanner.scan_once()
+        await one_pass()
     ids = [t.timer_id for t in fired]
     assert ids.count("later") == 1 and len(ids) == 26, "each timer fires exactly once"
+
+    # Progress is durable: a new owner of shard 5 starts after what was fired.
+    stored = await store.read_checkpoints(5, claimed[0].done_through or 0)
+    assert stored, "no checkpoint was written"
+    assert max(c.fire_time for c in stored.values()) >= now - timedelta(seconds=1)
 
 
 async def test_put_moves_past_fire_times_to_now(store: CassandraTimerStore) -> None:
@@ -120,3 +139,30 @@ async def test_put_moves_past_fire_times_to_now(store: CassandraTimerStore) -> N
     )
     assert [r.timer_id for r in rows] == ["old"]
     assert rows[0].fire_time >= now - timedelta(milliseconds=1)
+
+
+async def test_a_shard_claimed_between_reads_loses_nothing(store: CassandraTimerStore) -> None:
+    """Regression: progress recorded for a shard added after the last read must not move its
+    checkpoint over timers that were never read (a failover once dropped firings this way)."""
+    shard = 7
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner="late-claim", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    now = datetime.now(UTC)
+    missed = Timer(
+        fire_time=now - timedelta(seconds=5), timer_id="missed", shard=shard, kind="t", key="m"
+    )
+    await store.put([missed], now=now - timedelta(seconds=6))
+    fired: list[Timer] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(batch)
+
+    scanner = WheelScanner(store, on_due)
+    await scanner.add_shard(claimed)
+    await scanner.record_progress()  # the loop may get here before reading the new shard
+    await scanner.read(datetime.now(UTC))
+    await scanner.fire_due()
+    assert [t.timer_id for t in fired] == ["missed"]
