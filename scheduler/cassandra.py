@@ -21,6 +21,7 @@ from scheduler.model import (
     Schedule,
     ScheduleState,
     day_of,
+    is_backfill_run,
     parse_run_id,
 )
 
@@ -45,28 +46,38 @@ class CassandraScheduleStore:
     async def create(self, s: Schedule) -> None:
         """Stores a new schedule; AlreadyExists if its id is taken."""
         applied, _ = await execute_conditional(
-            self._session,
-            self.q["insert_schedule"],
-            (
-                s.schedule_id,
-                s.tenant,
-                s.name,
-                s.handler,
-                s.spec.to_json(),
-                s.payload,
-                s.state.value,
-                s.version,
-                s.generation,
-                s.create_time,
-                s.update_time,
-                int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
-                s.next_fire_time,
-                s.policies.to_json(),
-                set(s.after) or None,
-            ),
+            self._session, self.q["insert_schedule"], self._row(s)
         )
         if not applied:
             raise AlreadyExists(f"schedule_id: {s.schedule_id!r} already exists")
+
+    async def import_many(self, schedules: Sequence[Schedule]) -> None:
+        """Stores validated schedules without the per-row existence check (one LWT each):
+        bulk loads such as the load harness, where ids are fresh by construction."""
+        await write_grouped(
+            self._session,
+            [(s.schedule_id, self.q["import_schedule"], self._row(s)) for s in schedules],
+        )
+
+    @staticmethod
+    def _row(s: Schedule) -> tuple[Any, ...]:
+        return (
+            s.schedule_id,
+            s.tenant,
+            s.name,
+            s.handler,
+            s.spec.to_json(),
+            s.payload,
+            s.state.value,
+            s.version,
+            s.generation,
+            s.create_time,
+            s.update_time,
+            int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
+            s.next_fire_time,
+            s.policies.to_json(),
+            set(s.after) or None,
+        )
 
     async def get(self, schedule_id: str) -> Schedule:
         rows = await aexecute(self._session, self.q["get_schedule"], (schedule_id,))
@@ -137,6 +148,40 @@ class CassandraScheduleStore:
                 current.schedule_id,
                 current.version,
             ),
+        )
+        return applied
+
+    async def update(self, s: Schedule, *, expected_version: int) -> tuple[bool, int | None]:
+        """Replaces the client-set fields of ``s`` (name, handler, spec, payload, max runtime,
+        policies) with its state, version, generation, update and next fire times: a
+        compare-and-set on ``expected_version``. Returns (applied, the stored version when a
+        concurrent change won, None if the schedule is gone)."""
+        applied, current = await execute_conditional(
+            self._session,
+            self.q["update_schedule"],
+            (
+                s.name,
+                s.handler,
+                s.spec.to_json(),
+                s.payload,
+                int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
+                s.policies.to_json(),
+                s.state.value,
+                s.version,
+                s.generation,
+                s.update_time,
+                s.next_fire_time,
+                s.schedule_id,
+                expected_version,
+            ),
+        )
+        version = current.get("version")
+        return applied, int(version) if version is not None else None
+
+    async def hold_buffered(self, schedule_id: str, buffered_json: str) -> bool:
+        """Holds a run back on the schedule (BUFFER_ONE) unless one is held already."""
+        applied, _ = await execute_conditional(
+            self._session, self.q["hold_buffered"], (buffered_json, schedule_id)
         )
         return applied
 
@@ -215,8 +260,11 @@ class CassandraRunStore:
         for e in events:
             day = day_of(e.scheduled_for)
             where = (e.schedule_id, day, e.scheduled_for, e.run_id)
-            # The schedule's in-progress map follows the run (overlap policies read it).
-            if e.status in (None, RunStatus.RUNNING):
+            # The schedule's in-progress map follows the run (overlap policies read it);
+            # backfill runs stay out of it, so they never hold up the schedule's own slots.
+            if is_backfill_run(e.run_id):
+                pass
+            elif e.status in (None, RunStatus.RUNNING):
                 items.append(
                     (
                         e.schedule_id,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -24,19 +24,23 @@ from bucketer.cql import write_grouped
 from bucketer.model import Timer
 from cronscale.v1 import run_message_pb2
 from scheduler import metrics
+from scheduler.backfill import TICK as BACKFILL_TICK
+from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.errors import InvalidArgument
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION, KafkaRunQueue
 from scheduler.model import (
     MISFIRE_THRESHOLD,
     BufferedRun,
-    OverlapMode,
     Run,
     RunStatus,
     Schedule,
     ScheduleState,
     SkipReason,
+    parse_run_id,
     run_id_for,
 )
+from scheduler.overlap import OverlapAction, decide_overlap
 from scheduler.slots import (
     MAX_ENUMERATED_MISSES,
     Slot,
@@ -45,7 +49,7 @@ from scheduler.slots import (
     plan_misfire,
     slots_between,
 )
-from scheduler.timers import FIRE, RUN, FireTimer, RunTimer
+from scheduler.timers import BACKFILL, FIRE, RUN, BackfillTimer, FireTimer, RunTimer
 
 logger = logging.getLogger(__name__)
 
@@ -132,32 +136,28 @@ def plan_fire(
         to_fire = to_fire[:allowed]
 
     if to_fire:
-        in_progress = s.in_progress(now, stale_after=STALE_RUN)
-        mode = s.policies.overlap
-        if in_progress and mode is not OverlapMode.ALLOW:
-            if mode is OverlapMode.SKIP:
-                for slot in to_fire:
-                    plan.skip(s, slot, SkipReason.OVERLAP)
-                to_fire = []
-            elif mode is OverlapMode.BUFFER_ONE:
-                first, rest = to_fire[0], to_fire[1:]
-                if s.buffered is None:
-                    plan.buffered.append(
-                        (
-                            s,
-                            BufferedRun(
-                                run_id=run_id_for(s.schedule_id, first.at), scheduled_for=first.at
-                            ),
-                        )
-                    )
-                    fired += 1
-                else:
-                    plan.skip(s, first, SkipReason.OVERLAP)
-                for slot in rest:
-                    plan.skip(s, slot, SkipReason.OVERLAP)
-                to_fire = []
-            else:  # CANCEL_PREVIOUS
-                plan.cancel.extend(in_progress)
+        decision = decide_overlap(
+            s.policies.overlap,
+            s.in_progress(now, stale_after=STALE_RUN),
+            buffered=s.buffered is not None,
+        )
+        plan.cancel.extend(decision.cancel)
+        if decision.action is OverlapAction.BUFFER:
+            first, rest = to_fire[0], to_fire[1:]
+            plan.buffered.append(
+                (
+                    s,
+                    BufferedRun(run_id=run_id_for(s.schedule_id, first.at), scheduled_for=first.at),
+                )
+            )
+            fired += 1
+            for slot in rest:
+                plan.skip(s, slot, SkipReason.OVERLAP)
+            to_fire = []
+        elif decision.action is OverlapAction.SKIP:
+            for slot in to_fire:
+                plan.skip(s, slot, SkipReason.OVERLAP)
+            to_fire = []
 
     for slot in to_fire:
         plan.enqueue.append((s, _run(s, run_id_for(s.schedule_id, slot.at), slot.at, now)))
@@ -242,6 +242,41 @@ def plan_run(s: Schedule, r: RunTimer, now: datetime, plan: FiringPlan) -> None:
     )
 
 
+def dependent_run_wanted(s: Schedule, r: RunTimer, plan: FiringPlan) -> bool:
+    """Whether a run timer of ``s`` goes ahead as far as dependencies go.
+
+    A dependent run (its origin is a run of another schedule) is dropped when ``s`` no longer
+    runs after that schedule (an edge removed, or a stale ``downstream`` entry naming a
+    recreated id), and recorded SKIPPED (reason ``paused``) while ``s`` is paused.
+    """
+    if not r.origin_run_id:
+        return True
+    try:
+        upstream = parse_run_id(r.origin_run_id).schedule_id
+    except InvalidArgument:
+        return True
+    if upstream == s.schedule_id:
+        return True  # a rerun of the schedule's own run
+    if upstream not in s.after:
+        metrics.TIMERS_SUPERSEDED.inc()
+        return False
+    if s.state is ScheduleState.PAUSED:
+        plan.skipped.append(
+            Run(
+                run_id=r.run_id,
+                schedule_id=s.schedule_id,
+                scheduled_for=r.scheduled_for,
+                status=RunStatus.SKIPPED,
+                handler=s.handler,
+                tenant=s.tenant,
+                skip_reason=SkipReason.PAUSED.value,
+                origin_run_id=r.origin_run_id,
+            )
+        )
+        return False
+    return True
+
+
 class Firing:
     """Turns due timers into enqueued (or skipped) runs and next timers."""
 
@@ -263,20 +298,28 @@ class Firing:
         self._queue = queue
         self._topic = topic
         self._clock = clock
+        self._backfills = BackfillDriver(
+            store=CassandraBackfillStore(runs.session, keyspace=schedules.q.keyspace),
+            schedules=schedules,
+        )
 
     async def on_due(self, due: Sequence[Timer]) -> None:
         """Fires a batch; raises if anything failed, so the scanner retries the batch."""
         started = time.perf_counter()
         fires: list[FireTimer] = []
         runs: list[RunTimer] = []
+        backfills: list[BackfillTimer] = []
         for t in due:
             if t.kind == FIRE:
                 fires.append(FireTimer.from_timer(t))
             elif t.kind == RUN:
                 runs.append(RunTimer.from_timer(t))
+            elif t.kind == BACKFILL:
+                backfills.append(BackfillTimer.from_timer(t))
             else:
                 logger.warning("ignoring timer of unknown kind %r (%s)", t.kind, t.timer_id)
         if not fires and not runs:
+            await self._backfill_due(backfills)
             return
         schedules = await self._schedules.get_many(
             [f.schedule_id for f in fires] + [r.schedule_id for r in runs]
@@ -301,6 +344,8 @@ class Firing:
             if s is None or s.state is ScheduleState.CANCELLED:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
+            if not dependent_run_wanted(s, r, plan):
+                continue
             plan_run(s, r, now, plan)
         await self._apply(plan, now)
         done = self._clock()
@@ -315,11 +360,40 @@ class Firing:
             len(plan.skipped),
             (time.perf_counter() - started) * 1e3,
         )
+        # Backfills last: live firings of the batch are out before any backfill run.
+        await self._backfill_due(backfills)
+
+    async def _backfill_due(self, due: list[BackfillTimer]) -> None:
+        """Tops up the backfills whose timers are due: their next slots up to each one's free
+        concurrency go out as ordinary runs through ``_apply`` (with the next backfill timers),
+        then each backfill row advances (scheduler.backfill; decision 0005)."""
+        if not due:
+            return
+        now = self._clock()
+        try:
+            step = await self._backfills.plan(due, now)
+            plan = FiringPlan()
+            for s, r in step.runs:
+                plan_run(s, r, now, plan)
+            plan.next_timers.extend(t.to_timer(self._timers.shard_count) for t in step.next_timers)
+            await self._apply(plan, now)
+            await self._backfills.commit(step)
+        except Exception:
+            # Kept apart from the live timers of the batch (a failing backfill must not make
+            # them fire again): the same steps are retried a tick later, same run ids.
+            logger.exception("backfill step failed; retrying in %s", BACKFILL_TICK)
+            retry = [replace(t, fire_at=now + BACKFILL_TICK) for t in due]
+            await self._timers.put([t.to_timer(self._timers.shard_count) for t in retry], now=now)
+            return
+        for _ in plan.enqueue:
+            metrics.RUNS_ENQUEUED.labels(tier="standard").inc()
 
     async def _apply(self, plan: FiringPlan, now: datetime) -> None:
         q = self._schedules.q
         items = self._runs.insert_rows([r for _s, r in plan.enqueue] + plan.skipped)
         for s, run in plan.enqueue:
+            if run.backfill_id:
+                continue  # backfill runs never hold up the schedule's own slots (overlap)
             items.append((s.schedule_id, q["add_running"], (run.run_id, now, s.schedule_id)))
         for s, buffered in plan.buffered:
             items.append((s.schedule_id, q["set_buffered"], (buffered.to_json(), s.schedule_id)))

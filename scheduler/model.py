@@ -17,6 +17,7 @@ from typing import Any
 
 from scheduler.errors import InvalidArgument
 from scheduler.timespec import (
+    FireTime,
     GapPolicy,
     OverlapPolicy,
     TimeSpec,
@@ -53,6 +54,8 @@ class SpecKind(enum.StrEnum):
     CRON = "cron"
     INTERVAL = "interval"
     ONCE = "once"
+    # No times of its own: a dependency-only schedule fires only after its upstreams succeed.
+    NONE = "none"
 
 
 class OverlapMode(enum.StrEnum):
@@ -137,6 +140,16 @@ class UnsupportedVersion(Exception):
     """A stored document was written by a newer cronscale than this one."""
 
 
+class _NeverFires:
+    """The time spec of a dependency-only schedule (``SpecKind.NONE``): no slot, ever."""
+
+    def next_after(self, after: datetime) -> FireTime | None:
+        return None
+
+
+_NEVER = _NeverFires()
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScheduleSpec:
     """When a schedule fires, as stored (a versioned JSON document in ``schedules.spec``)."""
@@ -166,6 +179,8 @@ class ScheduleSpec:
             if self.every is None or self.anchor is None:
                 raise InvalidArgument("spec.interval.every", "is required")
             return parse_interval(self.every, anchor=self.anchor, timezone=self.timezone)
+        if self.kind is SpecKind.NONE:
+            return _NEVER
         if self.at is None:
             raise InvalidArgument("spec.once.at", "is required")
         return one_shot(self.at, self.timezone or "UTC")
@@ -190,7 +205,7 @@ class ScheduleSpec:
             assert self.every is not None and self.anchor is not None
             doc["every_ms"] = int(self.every.total_seconds() * 1000)
             doc["anchor"] = self.anchor.isoformat()
-        else:
+        elif self.kind is SpecKind.ONCE:
             assert self.at is not None
             doc["at"] = self.at.isoformat()
         return json.dumps(doc, separators=(",", ":"), sort_keys=True)
@@ -287,20 +302,30 @@ class Schedule:
 
 @dataclass(frozen=True, kw_only=True)
 class BufferedRun:
-    """A slot BUFFER_ONE holds back: fired when the run in progress finishes."""
+    """A slot (or a manual trigger) BUFFER_ONE holds back: fired when the run in progress
+    finishes."""
 
     run_id: str
     scheduled_for: datetime
+    # A TriggerSchedule run (released as a manual run).
+    manual: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"v": 1, "run_id": self.run_id, "at": self.scheduled_for.isoformat()})
+        doc: dict[str, Any] = {"v": 1, "run_id": self.run_id, "at": self.scheduled_for.isoformat()}
+        if self.manual:
+            doc["manual"] = True
+        return json.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str | None) -> BufferedRun | None:
         if not text:
             return None
         doc = json.loads(text)
-        return cls(run_id=doc["run_id"], scheduled_for=datetime.fromisoformat(doc["at"]))
+        return cls(
+            run_id=doc["run_id"],
+            scheduled_for=datetime.fromisoformat(doc["at"]),
+            manual=bool(doc.get("manual", False)),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,6 +418,15 @@ def parse_run_id(run_id: str) -> RunRef:
     except ValueError:
         raise InvalidArgument("run_id", f"{run_id!r} is not a cronscale run id") from None
     return RunRef(schedule_id=schedule_id, scheduled_for=t, suffix=suffix)
+
+
+BACKFILL_SUFFIX = "bf"
+
+
+def is_backfill_run(run_id: str) -> bool:
+    """Whether ``run_id`` is a backfill run's (``run_id_for(..., suffix=BACKFILL_SUFFIX)``).
+    Backfill runs never count as their schedule's runs in progress (overlap policies)."""
+    return run_id.endswith("~" + BACKFILL_SUFFIX)
 
 
 def validate_schedule_id(value: str, field_name: str = "schedule_id") -> str:

@@ -12,6 +12,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from bucketer.cassandra import CassandraTimerStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore, RunEventRecord
@@ -21,7 +22,7 @@ from scheduler.timers import RunTimer
 
 logger = logging.getLogger(__name__)
 
-_TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+_TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 def dependent_run_id(downstream_id: str, upstream_run_id: str, scheduled_for: datetime) -> str:
@@ -75,6 +76,7 @@ class RunReports:
                             origin_run_id=e.run_id,
                         )
                     )
+        released: list[tuple[Any, Any, Sequence[Any]]] = []
         for sid, s in schedules.items():
             if s.buffered is None:
                 continue
@@ -89,12 +91,20 @@ class RunReports:
                         run_id=s.buffered.run_id,
                         scheduled_for=s.buffered.scheduled_for,
                         fire_at=now,
+                        manual=s.buffered.manual,
                     )
+                )
+                # In progress from now on, not only once a dispatcher enqueues it: a slot due
+                # in between must see it (else both would run, defeating BUFFER_ONE).
+                released.append(
+                    (sid, self._schedules.q["add_running"], (s.buffered.run_id, now, sid))
                 )
                 logger.info(
                     "released buffered run %s",
                     s.buffered.run_id,
                     extra={"schedule_id": sid, "run_id": s.buffered.run_id},
                 )
+        if released:
+            await self._runs.write(released)
         if timers:
             await self._timers.put([t.to_timer(self._timers.shard_count) for t in timers], now=now)

@@ -15,7 +15,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from bucketer.cassandra import CassandraTimerStore
+from scheduler.backfill import BackfillService
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.dependencies import DependencyGraph
 from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument
 from scheduler.model import (
     MisfireMode,
@@ -50,6 +52,10 @@ class ScheduleService:
         self._runs = runs
         self._timers = timers
         self._clock = clock
+        self.dependencies = DependencyGraph(schedules, runs.session)
+        self.backfills = BackfillService(
+            schedules=schedules, session=runs.session, timers=timers, clock=clock
+        )
 
     @property
     def schedules(self) -> CassandraScheduleStore:
@@ -97,14 +103,19 @@ class ScheduleService:
             update_time=now,
         )
         validate_schedule(s, now)
+        await self.dependencies.validate(s)
         first = self.first_fire(s, now)
-        if first is None:
+        # A schedule with upstreams fires after their successes even without times of its own.
+        if first is None and not s.after:
             raise InvalidArgument("schedule.spec", "never fires after now")
-        s = replace(s, next_fire_time=first.scheduled_for)
+        s = replace(s, next_fire_time=first.scheduled_for if first else None)
         # Timer first: if the insert then fails (or the id is taken), the timer's fresh
         # generation matches no schedule and is dropped when due.
-        await self._timers.put([first.to_timer(self._timers.shard_count)], now=now)
+        if first is not None:
+            await self._timers.put([first.to_timer(self._timers.shard_count)], now=now)
         await self._schedules.create(s)
+        if s.after:
+            await self._link_upstreams(s)
         logger.info("created schedule %s", sid, extra={"schedule_id": sid, "tenant": s.tenant})
         return s
 
@@ -181,7 +192,9 @@ class ScheduleService:
         await self._timers.put(timers, now=now)
         if not await self._schedules.change_state(
             s,
-            state=ScheduleState.ACTIVE if first or catch_up else ScheduleState.COMPLETED,
+            state=(
+                ScheduleState.ACTIVE if first or catch_up or s.after else ScheduleState.COMPLETED
+            ),
             generation=resumed.generation,
             now=now,
             next_fire_time=first.scheduled_for if first else None,
@@ -212,6 +225,10 @@ class ScheduleService:
         )
         return await self.get(schedule_id)
 
+    async def fired_so_far(self, s: Schedule) -> int:
+        """Scheduled runs of ``s`` fired so far, read from its run history (for ``max_runs``)."""
+        return await self._fired_so_far(s)
+
     async def _fired_so_far(self, s: Schedule) -> int:
         """Scheduled runs fired so far (for max_runs across a pause), from the run history."""
         count, token = 0, ""
@@ -228,8 +245,27 @@ class ScheduleService:
             if not token:
                 return count
 
+    async def _link_upstreams(self, s: Schedule) -> None:
+        """Reverse edges after the row; if they cannot be written the new row is taken back,
+        so a failed create leaves no schedule that silently never runs after its upstreams."""
+        try:
+            await self.dependencies.link(s.schedule_id, s.after)
+        except Exception:
+            try:
+                await self._schedules.delete(s.schedule_id)
+            except Exception:
+                logger.exception("could not take back schedule %s", s.schedule_id)
+            raise
+
     async def delete(self, schedule_id: str) -> None:
+        """Deletes a schedule; FailedPrecondition naming its dependents if others run after
+        it. Its upstreams forget it afterwards (a crash in between leaves a harmless dangling
+        id in their ``downstream`` sets)."""
+        s = await self._schedules.get(schedule_id)
+        await self.dependencies.check_deletable(s)
         await self._schedules.delete(schedule_id)
+        if s.after:
+            await self.dependencies.unlink(schedule_id, s.after)
         logger.info("deleted schedule %s", schedule_id, extra={"schedule_id": schedule_id})
 
     async def list_runs(

@@ -3,22 +3,26 @@
 Two kinds: a ``FireTimer`` is a schedule's pending slot (which schedule, which slot, which
 generation, how many runs fired before it); a ``RunTimer`` is one prepared run the dispatcher
 should enqueue as soon as it is due (a manual trigger, a rerun, a run BUFFER_ONE held back, a
-dependent run, a backfill slot). Both are versioned JSON in the timer's ``data``.
+dependent run, a backfill slot). Both are versioned JSON in the timer's ``data``. A third,
+``BackfillTimer``, drives one backfill: each time it is due the dispatcher enqueues the next
+slots its concurrency allows (``scheduler.backfill``) and puts it again a moment later.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bucketer.keys import shard_of
 from bucketer.model import Timer
 from scheduler.model import UnsupportedVersion
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FIRE = "fire"
 RUN = "run"
+BACKFILL = "backfill"
 _VERSION = 1
 
 
@@ -41,8 +45,8 @@ class FireTimer:
         doc = {
             "v": _VERSION,
             "g": self.generation,
-            "slot": _ms(self.slot),
-            "at": _ms(self.scheduled_for),
+            "slot_us": _us(self.slot),
+            "at_us": _us(self.scheduled_for),
             "n": self.fired,
         }
         return _timer(
@@ -55,8 +59,8 @@ class FireTimer:
         return cls(
             schedule_id=timer.key,
             generation=int(doc["g"]),
-            slot=_from_ms(doc["slot"]),
-            scheduled_for=_from_ms(doc["at"]),
+            slot=_from_us(doc["slot_us"]),
+            scheduled_for=_from_us(doc["at_us"]),
             fired=int(doc.get("n", 0)),
         )
 
@@ -77,7 +81,7 @@ class RunTimer:
         doc: dict[str, Any] = {
             "v": _VERSION,
             "run": self.run_id,
-            "at": _ms(self.scheduled_for),
+            "at_us": _us(self.scheduled_for),
             "manual": self.manual,
         }
         if self.origin_run_id:
@@ -93,12 +97,38 @@ class RunTimer:
         return cls(
             schedule_id=timer.key,
             run_id=doc["run"],
-            scheduled_for=_from_ms(doc["at"]),
+            scheduled_for=_from_us(doc["at_us"]),
             fire_at=timer.fire_time,
             manual=bool(doc.get("manual", False)),
             origin_run_id=doc.get("origin", ""),
             backfill_id=doc.get("backfill", ""),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackfillTimer:
+    """The next step of a backfill. ``tick`` must equal the backfill row's ``tick`` or the
+    timer is stale (a duplicate after a crash) and dropped; each step advances both by one."""
+
+    backfill_id: str
+    tick: int
+    fire_at: datetime
+
+    def to_timer(self, shard_count: int) -> Timer:
+        doc = {"v": _VERSION, "tick": self.tick}
+        return _timer(
+            BACKFILL,
+            self.backfill_id,
+            f"{self.backfill_id}#{self.tick}",
+            self.fire_at,
+            doc,
+            shard_count,
+        )
+
+    @classmethod
+    def from_timer(cls, timer: Timer) -> BackfillTimer:
+        doc = _load(timer)
+        return cls(backfill_id=timer.key, tick=int(doc["tick"]), fire_at=timer.fire_time)
 
 
 def _timer(
@@ -121,9 +151,11 @@ def _load(timer: Timer) -> dict[str, Any]:
     return doc
 
 
-def _ms(t: datetime) -> int:
-    return int(t.timestamp() * 1000)
+def _us(t: datetime) -> int:
+    # Microseconds, exactly: a slot read back must equal the spec's instant, or the next slot
+    # computed "strictly after" it could be the same one again.
+    return (t - _EPOCH) // timedelta(microseconds=1)
 
 
-def _from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+def _from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)

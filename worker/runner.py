@@ -51,6 +51,9 @@ class Outcome:
     duration: float
     # Seconds between scheduled_for and the handler's start.
     start_lag: float
+    # An operator (or a CANCEL_PREVIOUS slot) asked to cancel it, and it did not succeed:
+    # reported CANCELLED rather than FAILED.
+    cancelled: bool = False
 
 
 class _RunState:
@@ -103,15 +106,17 @@ class Runner:
         hold a slot.
 
         Never raises for what the handler does (exceptions, timeouts, an unknown name all become
-        FAILED); raises only if reporting itself is refused (:class:`ReportRejected`) or the
-        caller is cancelled, in which case no outcome is reported and the run is left to Kafka's
-        redelivery and the API's lease.
+        FAILED; a requested cancel that stopped the handler becomes CANCELLED); raises only if
+        reporting itself is refused (:class:`ReportRejected`) or the caller is cancelled, in
+        which case no outcome is reported and the run is left to Kafka's redelivery and the
+        API's lease.
         """
         ids = _ids(task)
         started_at = datetime.now(UTC)
         lag = (started_at - task.scheduled_for).total_seconds()
         duration = 0.0
         error = ""
+        cancelled = False
         try:
             # Awaited: the API knows the run is RUNNING before the handler does anything, an
             # operator's cancel is seen before the start, and while the API is unreachable no
@@ -121,6 +126,7 @@ class Runner:
             self._start_lag.observe(max(lag, 0.0))
             if ack.cancel_requested:
                 error = "cancelled by an operator before it started"
+                cancelled = True
             else:
                 try:
                     fn = self._registry.get(task.handler)
@@ -132,6 +138,7 @@ class Runner:
                     loop = asyncio.get_running_loop()
                     t0 = loop.time()
                     error = await self._call(task, state, fn(ctx), ids)
+                    cancelled = bool(error) and state.cancel_requested
                     duration = loop.time() - t0
                     self._duration.observe(duration)
         finally:
@@ -144,13 +151,27 @@ class Runner:
             error=error,
             duration=duration,
             start_lag=lag,
+            cancelled=cancelled,
         )
         await self._report(
             task,
-            pb.RUN_EVENT_KIND_SUCCEEDED if outcome.succeeded else pb.RUN_EVENT_KIND_FAILED,
+            pb.RUN_EVENT_KIND_SUCCEEDED
+            if outcome.succeeded
+            else pb.RUN_EVENT_KIND_CANCELLED
+            if cancelled
+            else pb.RUN_EVENT_KIND_FAILED,
             error=error[:MAX_ERROR_CHARS],
         )
-        if outcome.succeeded:
+        if cancelled:
+            logger.info(
+                "run %s %s CANCELLED after %.3fs: %s",
+                task.run_id,
+                task.handler,
+                duration,
+                error,
+                extra=ids,
+            )
+        elif outcome.succeeded:
             self._succeeded.inc()
             logger.info(
                 "run %s %s SUCCEEDED in %.3fs (lag %.2fs)",

@@ -12,15 +12,20 @@ from cronscale.v1 import schedule_pb2
 from scheduler.cassandra import RunEventRecord
 from scheduler.errors import InvalidArgument
 from scheduler.model import (
+    DEFAULT_CATCH_UP_WINDOW,
+    DEFAULT_MAX_CATCH_UP,
     DEFAULT_TENANT,
     MisfireMode,
+    OverlapMode,
     Run,
     RunStatus,
     Schedule,
+    SchedulePolicies,
     ScheduleSpec,
     ScheduleState,
     SpecKind,
 )
+from scheduler.timespec import GapPolicy, OverlapPolicy
 
 _STATE = {
     ScheduleState.ACTIVE: schedule_pb2.SCHEDULE_STATE_ACTIVE,
@@ -42,6 +47,7 @@ _EVENT_STATUS: dict[int, RunStatus | None] = {
     rr_pb2.RUN_EVENT_KIND_HEARTBEAT: None,
     rr_pb2.RUN_EVENT_KIND_SUCCEEDED: RunStatus.SUCCEEDED,
     rr_pb2.RUN_EVENT_KIND_FAILED: RunStatus.FAILED,
+    rr_pb2.RUN_EVENT_KIND_CANCELLED: RunStatus.CANCELLED,
 }
 
 
@@ -50,6 +56,26 @@ _MISFIRE = {
     schedule_pb2.MISFIRE_POLICY_FIRE_ONCE: MisfireMode.FIRE_ONCE,
     schedule_pb2.MISFIRE_POLICY_FIRE_ALL: MisfireMode.FIRE_ALL,
 }
+
+
+_MISFIRE_OUT = {mode: number for number, mode in _MISFIRE.items()}
+_OVERLAP = {
+    schedule_pb2.OVERLAP_POLICY_SKIP: OverlapMode.SKIP,
+    schedule_pb2.OVERLAP_POLICY_ALLOW: OverlapMode.ALLOW,
+    schedule_pb2.OVERLAP_POLICY_BUFFER_ONE: OverlapMode.BUFFER_ONE,
+    schedule_pb2.OVERLAP_POLICY_CANCEL_PREVIOUS: OverlapMode.CANCEL_PREVIOUS,
+}
+_OVERLAP_OUT = {mode: number for number, mode in _OVERLAP.items()}
+_DST_GAP = {
+    schedule_pb2.DST_GAP_POLICY_SHIFT: GapPolicy.SHIFT,
+    schedule_pb2.DST_GAP_POLICY_SKIP: GapPolicy.SKIP,
+}
+_DST_GAP_OUT = {policy: number for number, policy in _DST_GAP.items()}
+_DST_OVERLAP = {
+    schedule_pb2.DST_OVERLAP_POLICY_ONCE: OverlapPolicy.ONCE,
+    schedule_pb2.DST_OVERLAP_POLICY_BOTH: OverlapPolicy.BOTH,
+}
+_DST_OVERLAP_OUT = {policy: number for number, policy in _DST_OVERLAP.items()}
 
 
 def misfire_from_proto(value: int, field: str) -> MisfireMode | None:
@@ -62,6 +88,144 @@ def misfire_from_proto(value: int, field: str) -> MisfireMode | None:
     return _MISFIRE[value]  # type: ignore[index]
 
 
+def overlap_from_proto(value: int, field: str) -> OverlapMode | None:
+    """An overlap policy enum; None when unspecified; InvalidArgument naming ``field`` if the
+    number is not a known policy (proto3 enums are open: any int32 arrives)."""
+    if value == schedule_pb2.OVERLAP_POLICY_UNSPECIFIED:
+        return None
+    if value not in _OVERLAP:
+        raise InvalidArgument(field, f"unknown overlap policy {value}")
+    return _OVERLAP[value]  # type: ignore[index]
+
+
+def dst_from_proto(
+    msg: schedule_pb2.DstPolicy, field: str
+) -> tuple[GapPolicy | None, OverlapPolicy | None]:
+    """A cron spec's DST policies; None for an unspecified one (the expression's default)."""
+    gap: GapPolicy | None = None
+    overlap: OverlapPolicy | None = None
+    if msg.gap != schedule_pb2.DST_GAP_POLICY_UNSPECIFIED:
+        if msg.gap not in _DST_GAP:
+            raise InvalidArgument(f"{field}.gap", f"unknown DST gap policy {msg.gap}")
+        gap = _DST_GAP[msg.gap]
+    if msg.overlap != schedule_pb2.DST_OVERLAP_POLICY_UNSPECIFIED:
+        if msg.overlap not in _DST_OVERLAP:
+            raise InvalidArgument(f"{field}.overlap", f"unknown DST overlap policy {msg.overlap}")
+        overlap = _DST_OVERLAP[msg.overlap]
+    return gap, overlap
+
+
+def policies_from_proto(
+    msg: schedule_pb2.SchedulePolicies, field: str = "schedule.policies"
+) -> SchedulePolicies:
+    """Execution policies; unspecified enums and unset fields take the defaults.
+
+    ``max_catch_up`` 0 reads as the default (proto3 cannot tell 0 from unset); a negative one
+    is kept for ``validate_schedule`` to refuse, as is a non-positive ``catch_up_window``.
+    """
+    return SchedulePolicies(
+        overlap=overlap_from_proto(msg.overlap, f"{field}.overlap") or OverlapMode.SKIP,
+        misfire=misfire_from_proto(msg.misfire, f"{field}.misfire") or MisfireMode.FIRE_ONCE,
+        catch_up_window=(
+            msg.catch_up_window.ToTimedelta()
+            if msg.HasField("catch_up_window")
+            else DEFAULT_CATCH_UP_WINDOW
+        ),
+        max_catch_up=msg.max_catch_up or DEFAULT_MAX_CATCH_UP,
+    )
+
+
+def policies_to_proto(p: SchedulePolicies) -> schedule_pb2.SchedulePolicies:
+    """The effective policies, defaults spelled out (never UNSPECIFIED)."""
+    out = schedule_pb2.SchedulePolicies(
+        overlap=_OVERLAP_OUT[p.overlap],
+        misfire=_MISFIRE_OUT[p.misfire],
+        max_catch_up=p.max_catch_up,
+    )
+    out.catch_up_window.FromTimedelta(p.catch_up_window)
+    return out
+
+
+def spec_from_proto(
+    msg: schedule_pb2.ScheduleSpec, *, now: datetime, field: str = "schedule.spec"
+) -> ScheduleSpec:
+    """A cron, interval or one-shot spec with its DST policies, bounds, max_runs and jitter.
+
+    Only what conversion needs is checked here (InvalidArgument naming fields under ``field``,
+    which is ``spec`` for a dry-run preview); ``validate_spec`` checks the values.
+    """
+    kind = msg.WhichOneof("kind")
+    start = from_ts(msg.start_time) if msg.HasField("start_time") else None
+    end = from_ts(msg.end_time) if msg.HasField("end_time") else None
+    jitter = msg.jitter.ToTimedelta() if msg.HasField("jitter") else timedelta(0)
+    if kind == "cron":
+        if not msg.cron.expression.strip():
+            raise InvalidArgument(f"{field}.cron.expression", "is required")
+        gap, overlap = dst_from_proto(msg.cron.dst, f"{field}.cron.dst")
+        return ScheduleSpec(
+            kind=SpecKind.CRON,
+            cron=msg.cron.expression.strip(),
+            timezone=msg.cron.timezone or "UTC",
+            dst_gap=gap,
+            dst_overlap=overlap,
+            start_time=start,
+            end_time=end,
+            max_runs=msg.max_runs,
+            jitter=jitter,
+        )
+    if kind == "interval":
+        every = msg.interval.every.ToTimedelta()
+        anchor = from_ts(msg.interval.anchor) if msg.interval.HasField("anchor") else now
+        return ScheduleSpec(
+            kind=SpecKind.INTERVAL,
+            every=every,
+            anchor=anchor,
+            start_time=start,
+            end_time=end,
+            max_runs=msg.max_runs,
+            jitter=jitter,
+        )
+    if kind == "once":
+        if not msg.once.HasField("at"):
+            raise InvalidArgument(f"{field}.once.at", "is required")
+        return ScheduleSpec(
+            kind=SpecKind.ONCE,
+            at=from_ts(msg.once.at),
+            start_time=start,
+            end_time=end,
+            max_runs=msg.max_runs,
+            jitter=jitter,
+        )
+    raise InvalidArgument(field, "one of cron, interval or once is required")
+
+
+def spec_to_proto(spec: ScheduleSpec) -> schedule_pb2.ScheduleSpec:
+    """The stored spec as the API shows it; unset DST policies stay UNSPECIFIED."""
+    out = schedule_pb2.ScheduleSpec()
+    if spec.kind is SpecKind.CRON:
+        out.cron.expression = spec.cron
+        out.cron.timezone = spec.timezone
+        if spec.dst_gap is not None:
+            out.cron.dst.gap = _DST_GAP_OUT[spec.dst_gap]
+        if spec.dst_overlap is not None:
+            out.cron.dst.overlap = _DST_OVERLAP_OUT[spec.dst_overlap]
+    elif spec.kind is SpecKind.INTERVAL:
+        assert spec.every is not None and spec.anchor is not None
+        out.interval.every.FromTimedelta(spec.every)
+        out.interval.anchor.FromDatetime(spec.anchor.astimezone(UTC))
+    elif spec.kind is SpecKind.ONCE:
+        assert spec.at is not None
+        out.once.at.FromDatetime(spec.at.astimezone(UTC))
+    if spec.start_time is not None:
+        out.start_time.FromDatetime(spec.start_time.astimezone(UTC))
+    if spec.end_time is not None:
+        out.end_time.FromDatetime(spec.end_time.astimezone(UTC))
+    out.max_runs = spec.max_runs
+    if spec.jitter:
+        out.jitter.FromTimedelta(spec.jitter)
+    return out
+
+
 def ts(t: datetime | None) -> Timestamp | None:
     if t is None:
         return None
@@ -71,7 +235,10 @@ def ts(t: datetime | None) -> Timestamp | None:
 
 
 def from_ts(t: Timestamp) -> datetime:
-    return t.ToDatetime(tzinfo=UTC)
+    """An instant from the wire, truncated to the millisecond: Cassandra keeps milliseconds,
+    and run ids name the slot to the millisecond."""
+    dt = t.ToDatetime(tzinfo=UTC)
+    return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
 
 
 def duration(d: timedelta | None) -> Duration | None:
@@ -85,24 +252,14 @@ def duration(d: timedelta | None) -> Duration | None:
 def schedule_from_proto(msg: schedule_pb2.Schedule, *, now: datetime) -> Schedule:
     """A draft schedule from a CreateSchedule request; server-owned fields are ignored."""
     kind = msg.spec.WhichOneof("kind")
-    if kind is None:
-        raise InvalidArgument("schedule.spec", "one of cron, interval or once is required")
-    if kind == "cron":
-        if not msg.spec.cron.expression.strip():
-            raise InvalidArgument("schedule.spec.cron.expression", "is required")
-        spec = ScheduleSpec(
-            kind=SpecKind.CRON,
-            cron=msg.spec.cron.expression.strip(),
-            timezone=msg.spec.cron.timezone or "UTC",
+    if kind is None and not msg.after:
+        raise InvalidArgument(
+            "schedule.spec",
+            "one of cron, interval or once is required (or `after`, for a schedule that runs "
+            "only after others succeed)",
         )
-    elif kind == "interval":
-        every = msg.spec.interval.every.ToTimedelta()
-        anchor = from_ts(msg.spec.interval.anchor) if msg.spec.interval.HasField("anchor") else now
-        spec = ScheduleSpec(kind=SpecKind.INTERVAL, every=every, anchor=anchor)
-    else:
-        if not msg.spec.once.HasField("at"):
-            raise InvalidArgument("schedule.spec.once.at", "is required")
-        spec = ScheduleSpec(kind=SpecKind.ONCE, at=from_ts(msg.spec.once.at))
+    # No kind: a dependency-only schedule (checked above that it has `after`).
+    spec = ScheduleSpec(kind=SpecKind.NONE) if kind is None else spec_from_proto(msg.spec, now=now)
     max_runtime = msg.max_runtime.ToTimedelta() if msg.HasField("max_runtime") else None
     if max_runtime is not None and max_runtime <= timedelta(0):
         raise InvalidArgument("schedule.max_runtime", "must be positive when set")
@@ -114,21 +271,13 @@ def schedule_from_proto(msg: schedule_pb2.Schedule, *, now: datetime) -> Schedul
         spec=spec,
         payload=bytes(msg.payload),
         max_runtime=max_runtime,
+        policies=policies_from_proto(msg.policies),
+        after=frozenset(a.strip() for a in msg.after),
     )
 
 
 def schedule_to_proto(s: Schedule) -> schedule_pb2.Schedule:
-    spec = schedule_pb2.ScheduleSpec()
-    if s.spec.kind is SpecKind.CRON:
-        spec.cron.expression = s.spec.cron
-        spec.cron.timezone = s.spec.timezone
-    elif s.spec.kind is SpecKind.INTERVAL:
-        assert s.spec.every is not None and s.spec.anchor is not None
-        spec.interval.every.FromTimedelta(s.spec.every)
-        spec.interval.anchor.FromDatetime(s.spec.anchor.astimezone(UTC))
-    else:
-        assert s.spec.at is not None
-        spec.once.at.FromDatetime(s.spec.at.astimezone(UTC))
+    spec = spec_to_proto(s.spec)
     return schedule_pb2.Schedule(
         id=s.schedule_id,
         tenant=s.tenant,
@@ -145,6 +294,8 @@ def schedule_to_proto(s: Schedule) -> schedule_pb2.Schedule:
         paused_by=s.paused_by,
         pause_time=ts(s.pause_time),
         max_runtime=duration(s.max_runtime),
+        policies=policies_to_proto(s.policies),
+        after=sorted(s.after),
     )
 
 

@@ -1,37 +1,76 @@
-"""SchedulerService.UpdateSchedule, CancelSchedule, TriggerSchedule and RerunRun."""
+"""SchedulerService.UpdateSchedule, CancelSchedule, TriggerSchedule and RerunRun.
+
+Thin: check the request's required fields, convert, call ``scheduler.lifecycle``, convert back.
+"""
 
 from __future__ import annotations
 
-import grpc
+from datetime import UTC, datetime
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
-from scheduler.api.status import Context
+from scheduler.api.convert import run_to_proto, schedule_from_proto, schedule_to_proto
+from scheduler.api.status import Context, grpc_errors
+from scheduler.errors import InvalidArgument
+from scheduler.lifecycle import Lifecycle
+from scheduler.model import parse_run_id, validate_schedule_id
 from scheduler.service import ScheduleService
 
 
+def _schedule_id(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    return validate_schedule_id(value, field)
+
+
 class LifecycleRpcs:
+    """The lifecycle RPCs, mixed into ``SchedulerServicer`` (which sets ``_svc``)."""
+
     _svc: ScheduleService
 
+    @grpc_errors
     async def UpdateSchedule(
         self, request: scheduler_service_pb2.UpdateScheduleRequest, context: Context
     ) -> schedule_pb2.Schedule:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "UpdateSchedule is being built")
-        raise AssertionError
+        """A new version of the schedule; ABORTED if ``schedule.version`` is not the stored one."""
+        if not request.HasField("schedule"):
+            raise InvalidArgument("schedule", "is required")
+        sid = _schedule_id(request.schedule.id, "schedule.id")
+        if request.schedule.version <= 0:
+            raise InvalidArgument(
+                "schedule.version", "is required: the version you read (GetSchedule)"
+            )
+        draft = schedule_from_proto(request.schedule, now=datetime.now(UTC))
+        updated = await Lifecycle(self._svc).update(
+            draft, schedule_id=sid, version=request.schedule.version
+        )
+        return schedule_to_proto(updated)
 
+    @grpc_errors
     async def CancelSchedule(
         self, request: scheduler_service_pb2.CancelScheduleRequest, context: Context
     ) -> schedule_pb2.Schedule:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "CancelSchedule is being built")
-        raise AssertionError
+        """CANCELLED for good; with ``cancel_running`` the runs in progress are cancelled too."""
+        cancelled = await Lifecycle(self._svc).cancel(
+            _schedule_id(request.id, "id"), cancel_running=request.cancel_running
+        )
+        return schedule_to_proto(cancelled)
 
+    @grpc_errors
     async def TriggerSchedule(
         self, request: scheduler_service_pb2.TriggerScheduleRequest, context: Context
     ) -> schedule_pb2.Run:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "TriggerSchedule is being built")
-        raise AssertionError
+        """A manual run now (ENQUEUED), or SKIPPED by the overlap policy unless ``force``."""
+        run = await Lifecycle(self._svc).trigger(
+            _schedule_id(request.id, "id"), force=request.force
+        )
+        return run_to_proto(run)
 
+    @grpc_errors
     async def RerunRun(
         self, request: scheduler_service_pb2.RerunRunRequest, context: Context
     ) -> schedule_pb2.Run:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "RerunRun is being built")
-        raise AssertionError
+        """A finished run again, with a fresh run id whose ``origin_run_id`` is the original."""
+        if not request.run_id:
+            raise InvalidArgument("run_id", "is required")
+        parse_run_id(request.run_id)
+        return run_to_proto(await Lifecycle(self._svc).rerun(request.run_id))

@@ -47,8 +47,12 @@ class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
 
     @grpc_errors
     async def CompleteRun(self, request: rr_pb2.RunEvent, context: Context) -> rr_pb2.RunEventAck:
-        if request.kind not in (rr_pb2.RUN_EVENT_KIND_SUCCEEDED, rr_pb2.RUN_EVENT_KIND_FAILED):
-            raise InvalidArgument("kind", "CompleteRun takes SUCCEEDED or FAILED")
+        if request.kind not in (
+            rr_pb2.RUN_EVENT_KIND_SUCCEEDED,
+            rr_pb2.RUN_EVENT_KIND_FAILED,
+            rr_pb2.RUN_EVENT_KIND_CANCELLED,
+        ):
+            raise InvalidArgument("kind", "CompleteRun takes SUCCEEDED, FAILED or CANCELLED")
         return (await self._record([request]))[0]
 
 

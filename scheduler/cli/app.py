@@ -16,10 +16,22 @@ from typing import Any
 
 import grpc
 
-from scheduler.cli import processes, schedules
-from scheduler.cli.build import parse_at, parse_duration, parse_payload, parse_seconds
+from scheduler.cli import backfills, lifecycle, processes, schedules
+from scheduler.cli import preview as preview_cmd
+from scheduler.cli.build import (
+    parse_at,
+    parse_choice,
+    parse_duration,
+    parse_payload,
+    parse_seconds,
+)
 from scheduler.cli.client import default_api, describe_rpc_error
 from scheduler.cli.logs import LEVELS
+from scheduler.cli.spec_options import (
+    add_policy_options,
+    add_spec_options,
+    check_dst_needs_cron,
+)
 from scheduler.errors import CronscaleError
 
 RpcCommand = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -30,10 +42,34 @@ examples:
       --cron '0 2 * * *' --tz Europe/Berlin --payload '{"region": "eu"}'
   cronscale schedule create --name once --handler echo --at 2026-12-02T15:00:00Z
   cronscale schedule create --name poll --handler http --every 1h30m --max-runtime 60
+  cronscale schedule create --name spread --handler echo --cron '0 0 * * *' \\
+      --jitter 10m --end 2026-12-31T00:00:00Z --overlap BUFFER_ONE --misfire FIRE_ALL
 
 The server is the authority on validation (cron syntax, time zone names, handler names,
 payload size, interval bounds, ids) and answers INVALID_ARGUMENT naming the field; the CLI
 only checks what it must to build the request.
+"""
+
+
+_UPDATE_EPILOG = """\
+examples:
+  cronscale schedule get nightly                      # note its version, e.g. 3
+  cronscale schedule update nightly --version 3 --cron '30 2 * * *'
+  cronscale schedule update poll --version 1 --every 10m --payload '{"deep": true}'
+
+The CLI reads the schedule and sends it back with your changes and --version. If it changed
+since you read it, the server answers ABORTED: read it again and retry.
+"""
+
+
+_PREVIEW_EPILOG = """\
+examples:
+  cronscale schedule preview nightly-report --count 5
+  cronscale schedule preview --cron '30 2 * * *' --tz America/New_York \\
+      --after 2026-03-07T12:00:00Z --count 3 --json
+
+Each line is `UTC  local  note`; the note says when a DST rule moved a time
+(dst_gap_shifted, dst_overlap_second). Wall times a DST gap dropped are listed apart.
 """
 
 
@@ -123,9 +159,11 @@ def _add_page_options(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _check_create(args: argparse.Namespace) -> str | None:
+    if args.cron is None and args.at is None and args.every is None and not args.after:
+        return "one of the arguments --cron --at --every is required (or --after)"
     if args.tz is not None and args.cron is None:
         return "argument --tz: applies only to --cron"
-    return None
+    return check_dst_needs_cron(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     # schedule ...
-    schedule = _parser(commands, "schedule", "create, inspect, pause, resume, delete schedules")
+    schedule = _parser(
+        commands, "schedule", "create, inspect, change, trigger, pause, cancel, delete schedules"
+    )
     sched = schedule.add_subparsers(dest="schedule_command", metavar="SUBCOMMAND", required=True)
 
     create = _parser(
@@ -154,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--name", required=True, help="a human name")
     create.add_argument("--handler", required=True, help="the handler the worker runs, e.g. echo")
-    when = create.add_mutually_exclusive_group(required=True)
+    # Not required: a schedule with --after alone runs only after its upstreams succeed.
+    when = create.add_mutually_exclusive_group()
     when.add_argument(
         "--cron",
         metavar="EXPR",
@@ -190,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--id", metavar="ID", help="choose the schedule id (default: server-assigned)"
     )
+    add_spec_options(create)
+    add_policy_options(create)
+    backfills.add_after_option(create)
     create.set_defaults(run=_rpc(schedules.create), check=_check_create, parser=create)
 
     get = _parser(sched, "get", "show one schedule", [api])
@@ -208,11 +252,90 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = _parser(sched, "resume", "fire again from the next slot after now", [api])
     resume.add_argument("id", metavar="ID")
+    resume.add_argument(
+        "--misfire",
+        metavar="SKIP|FIRE_ONCE|FIRE_ALL",
+        type=parse_choice,
+        choices=["SKIP", "FIRE_ONCE", "FIRE_ALL"],
+        help="for the slots missed while paused, instead of the schedule's misfire policy",
+    )
     resume.set_defaults(run=_rpc(schedules.resume))
 
     delete = _parser(sched, "delete", "delete a schedule (its run history stays)", [api])
     delete.add_argument("id", metavar="ID")
     delete.set_defaults(run=_rpc(schedules.delete))
+
+    preview = _parser(
+        sched,
+        "preview",
+        "the next fire times of a schedule, or of a cron spec to try (nothing is stored)",
+        [api],
+        epilog=_PREVIEW_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    preview_cmd.add_arguments(preview)
+    preview.set_defaults(run=_rpc(preview_cmd.preview), check=preview_cmd.check, parser=preview)
+
+    update = _parser(
+        sched,
+        "update",
+        "change a schedule; options not given keep their stored values",
+        [api],
+        epilog=_UPDATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    update.add_argument("id", metavar="ID")
+    update.add_argument(
+        "--version",
+        required=True,
+        type=int,
+        metavar="N",
+        help="the version you read (`schedule get`); a stale one is refused with ABORTED",
+    )
+    update.add_argument("--name", help="a new human name")
+    update.add_argument("--handler", help="a new handler name")
+    new_when = update.add_mutually_exclusive_group()
+    new_when.add_argument("--cron", metavar="EXPR", help="a new cron expression")
+    new_when.add_argument(
+        "--at", metavar="ISO8601", type=parse_at, help="fire once at this instant instead"
+    )
+    new_when.add_argument(
+        "--every",
+        metavar="DURATION",
+        type=parse_duration,
+        help="fire at this interval from now instead, e.g. 90s, 5m",
+    )
+    update.add_argument(
+        "--tz", metavar="ZONE", help="the IANA zone of the (new or stored) cron expression"
+    )
+    update.add_argument("--payload", metavar="JSON", type=parse_payload, help="a new JSON payload")
+    update.add_argument(
+        "--max-runtime",
+        metavar="SECONDS",
+        type=parse_seconds,
+        help="a new run timeout, in seconds (or 5m, 1h)",
+    )
+    update.set_defaults(run=_rpc(lifecycle.update))
+
+    cancel = _parser(sched, "cancel", "stop a schedule for good (no further runs)", [api])
+    cancel.add_argument("id", metavar="ID")
+    cancel.add_argument(
+        "--cancel-running",
+        action="store_true",
+        help="also ask the workers to cancel its runs in progress",
+    )
+    cancel.set_defaults(run=_rpc(lifecycle.cancel))
+
+    trigger = _parser(
+        sched, "trigger", "run now with a fresh run id (subject to the overlap policy)", [api]
+    )
+    trigger.add_argument("id", metavar="ID")
+    trigger.add_argument(
+        "--force", action="store_true", help="run even if the overlap policy would not"
+    )
+    trigger.set_defaults(run=_rpc(lifecycle.trigger))
+
+    backfills.add_schedule_commands(sched, [api], _parser, _rpc)
 
     runs = _parser(sched, "runs", "list a schedule's runs, newest slot first", [api])
     runs.add_argument("id", metavar="ID")
@@ -220,11 +343,19 @@ def build_parser() -> argparse.ArgumentParser:
     runs.set_defaults(run=_rpc(schedules.list_runs))
 
     # run ...
-    run = _parser(commands, "run", "inspect runs")
+    run = _parser(commands, "run", "inspect and re-run runs")
     run_cmds = run.add_subparsers(dest="run_command", metavar="SUBCOMMAND", required=True)
     run_get = _parser(run_cmds, "get", "show one run", [api])
     run_get.add_argument("run_id", metavar="RUN_ID")
     run_get.set_defaults(run=_rpc(schedules.get_run))
+    rerun = _parser(
+        run_cmds, "rerun", "run a finished run again (a fresh run id linked to it)", [api]
+    )
+    rerun.add_argument("run_id", metavar="RUN_ID")
+    rerun.set_defaults(run=_rpc(lifecycle.rerun))
+
+    # backfill ...
+    backfills.add_backfill_commands(commands, [api], _parser, _rpc)
 
     # local ..., db ...
     local = _parser(commands, "local", "the local Cassandra + Kafka for development")

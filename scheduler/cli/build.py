@@ -14,7 +14,7 @@ import argparse
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 
@@ -86,6 +86,107 @@ def parse_seconds(text: str) -> timedelta:
         ) from None
 
 
+# Option values (case-insensitive on the command line) -> proto enum numbers.
+DST_GAPS = {
+    "SHIFT": schedule_pb2.DST_GAP_POLICY_SHIFT,
+    "SKIP": schedule_pb2.DST_GAP_POLICY_SKIP,
+}
+DST_OVERLAPS = {
+    "ONCE": schedule_pb2.DST_OVERLAP_POLICY_ONCE,
+    "BOTH": schedule_pb2.DST_OVERLAP_POLICY_BOTH,
+}
+OVERLAPS = {
+    "SKIP": schedule_pb2.OVERLAP_POLICY_SKIP,
+    "ALLOW": schedule_pb2.OVERLAP_POLICY_ALLOW,
+    "BUFFER_ONE": schedule_pb2.OVERLAP_POLICY_BUFFER_ONE,
+    "CANCEL_PREVIOUS": schedule_pb2.OVERLAP_POLICY_CANCEL_PREVIOUS,
+}
+MISFIRES = {
+    "SKIP": schedule_pb2.MISFIRE_POLICY_SKIP,
+    "FIRE_ONCE": schedule_pb2.MISFIRE_POLICY_FIRE_ONCE,
+    "FIRE_ALL": schedule_pb2.MISFIRE_POLICY_FIRE_ALL,
+}
+
+
+def parse_choice(text: str) -> str:
+    """An enum option's value: upper case, ``-`` read as ``_`` (``fire-once`` = FIRE_ONCE)."""
+    return text.strip().upper().replace("-", "_")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecOptions:
+    """Bounds, run limit, jitter and DST policies of a spec; None leaves a field unset."""
+
+    jitter: timedelta | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    max_runs: int | None = None
+    dst_gap: str | None = None
+    dst_overlap: str | None = None
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> SpecOptions:
+        """From a namespace with (some of) ``--jitter --start --end --max-runs --dst-*``."""
+        return cls(
+            jitter=getattr(ns, "jitter", None),
+            start=getattr(ns, "start", None),
+            end=getattr(ns, "end", None),
+            max_runs=getattr(ns, "max_runs", None),
+            dst_gap=getattr(ns, "dst_gap", None),
+            dst_overlap=getattr(ns, "dst_overlap", None),
+        )
+
+    def apply(self, spec: schedule_pb2.ScheduleSpec) -> None:
+        """Sets the given fields on ``spec`` (DST policies only on a cron spec)."""
+        if self.jitter is not None:
+            spec.jitter.FromTimedelta(self.jitter)
+        if self.start is not None:
+            spec.start_time.FromDatetime(self.start.astimezone(UTC))
+        if self.end is not None:
+            spec.end_time.FromDatetime(self.end.astimezone(UTC))
+        if self.max_runs is not None:
+            spec.max_runs = self.max_runs
+        if self.dst_gap is not None or self.dst_overlap is not None:
+            if spec.WhichOneof("kind") != "cron":
+                raise ValueError("DST policies apply only to a cron expression")
+            if self.dst_gap is not None:
+                spec.cron.dst.gap = DST_GAPS[self.dst_gap]
+            if self.dst_overlap is not None:
+                spec.cron.dst.overlap = DST_OVERLAPS[self.dst_overlap]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyOptions:
+    """Execution policies; None leaves a field unset (the server's default)."""
+
+    overlap: str | None = None
+    misfire: str | None = None
+    catch_up_window: timedelta | None = None
+    max_catch_up: int | None = None
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> PolicyOptions:
+        """From a namespace with (some of) ``--overlap --misfire --catch-up-window
+        --max-catch-up``."""
+        return cls(
+            overlap=getattr(ns, "overlap", None),
+            misfire=getattr(ns, "misfire", None),
+            catch_up_window=getattr(ns, "catch_up_window", None),
+            max_catch_up=getattr(ns, "max_catch_up", None),
+        )
+
+    def apply(self, policies: schedule_pb2.SchedulePolicies) -> None:
+        """Sets the given fields on ``policies``."""
+        if self.overlap is not None:
+            policies.overlap = OVERLAPS[self.overlap]
+        if self.misfire is not None:
+            policies.misfire = MISFIRES[self.misfire]
+        if self.catch_up_window is not None:
+            policies.catch_up_window.FromTimedelta(self.catch_up_window)
+        if self.max_catch_up is not None:
+            policies.max_catch_up = self.max_catch_up
+
+
 @dataclass(frozen=True, kw_only=True)
 class CreateArgs:
     """What ``schedule create`` was given, already parsed; exactly one of cron/at/every is set."""
@@ -99,6 +200,10 @@ class CreateArgs:
     payload: bytes | None = None
     max_runtime: timedelta | None = None
     schedule_id: str | None = None
+    spec_options: SpecOptions = SpecOptions()
+    policies: PolicyOptions = PolicyOptions()
+    # Upstream schedule ids (--after); with none of cron/at/every, a dependency-only schedule.
+    after: tuple[str, ...] = ()
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> CreateArgs:
@@ -113,6 +218,9 @@ class CreateArgs:
             payload=ns.payload,
             max_runtime=ns.max_runtime,
             schedule_id=ns.id,
+            spec_options=SpecOptions.from_namespace(ns),
+            policies=PolicyOptions.from_namespace(ns),
+            after=tuple(getattr(ns, "after", None) or ()),
         )
 
 
@@ -123,8 +231,8 @@ def build_create_request(args: CreateArgs) -> scheduler_service_pb2.CreateSchedu
     given without a cron expression (argparse reports both before this is reached).
     """
     kinds = [k for k in (args.cron, args.at, args.every) if k is not None]
-    if len(kinds) != 1:
-        raise ValueError("exactly one of cron, at, every must be set")
+    if len(kinds) > 1 or (not kinds and not args.after):
+        raise ValueError("exactly one of cron, at, every must be set (or after)")
     if args.timezone is not None and args.cron is None:
         raise ValueError("a time zone applies only to a cron expression")
 
@@ -140,6 +248,54 @@ def build_create_request(args: CreateArgs) -> scheduler_service_pb2.CreateSchedu
         schedule.payload = args.payload
     if args.max_runtime is not None:
         schedule.max_runtime.FromTimedelta(args.max_runtime)
+    args.spec_options.apply(schedule.spec)
+    args.policies.apply(schedule.policies)
+    schedule.after.extend(args.after)
     return scheduler_service_pb2.CreateScheduleRequest(
         schedule=schedule, schedule_id=args.schedule_id or ""
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreviewArgs:
+    """What ``schedule preview`` was given: a stored schedule's id or a cron spec to try."""
+
+    schedule_id: str | None = None
+    cron: str | None = None
+    timezone: str | None = None
+    spec_options: SpecOptions = SpecOptions()
+    after: datetime | None = None
+    count: int = 0
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> PreviewArgs:
+        """From the namespace argparse built for ``schedule preview``."""
+        return cls(
+            schedule_id=ns.id,
+            cron=ns.cron,
+            timezone=ns.tz,
+            spec_options=SpecOptions.from_namespace(ns),
+            after=ns.after,
+            count=ns.count,
+        )
+
+
+def build_preview_request(args: PreviewArgs) -> scheduler_service_pb2.PreviewScheduleRequest:
+    """The PreviewScheduleRequest for ``args``: by id, or a dry run of ``--cron`` and its spec
+    options. Raises ValueError when not exactly one of id/cron is set, or when spec options
+    come with an id (argparse reports both before this is reached)."""
+    if (args.schedule_id is None) == (args.cron is None):
+        raise ValueError("exactly one of a schedule id or a cron expression must be set")
+    request = scheduler_service_pb2.PreviewScheduleRequest(count=args.count)
+    if args.after is not None:
+        request.after.FromDatetime(args.after.astimezone(UTC))
+    if args.schedule_id is not None:
+        if args.timezone is not None or args.spec_options != SpecOptions():
+            raise ValueError("spec options apply only to --cron, not to a stored schedule")
+        request.id = args.schedule_id
+        return request
+    assert args.cron is not None
+    request.spec.cron.expression = args.cron
+    request.spec.cron.timezone = args.timezone or ""
+    args.spec_options.apply(request.spec)
+    return request

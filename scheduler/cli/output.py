@@ -219,6 +219,9 @@ def format_schedule(schedule: schedule_pb2.Schedule) -> str:
         ("create_time", format_time(_opt(schedule, "create_time"))),
         ("update_time", format_time(_opt(schedule, "update_time"))),
     ]
+    rows += _spec_policy_rows(schedule)
+    if schedule.after:
+        rows.append(("after", ", ".join(schedule.after)))
     if schedule.HasField("pause_time") or schedule.pause_note or schedule.paused_by:
         rows += [
             ("pause_note", schedule.pause_note or "-"),
@@ -226,6 +229,38 @@ def format_schedule(schedule: schedule_pb2.Schedule) -> str:
             ("pause_time", format_time(_opt(schedule, "pause_time"))),
         ]
     return _key_values(rows)
+
+
+def _spec_policy_rows(schedule: schedule_pb2.Schedule) -> list[tuple[str, str]]:
+    """Bounds, run limit, jitter, DST rules (only those set) and the execution policies."""
+    spec = schedule.spec
+    rows: list[tuple[str, str]] = []
+    if spec.cron.HasField("dst"):
+        # An unset policy takes the expression's Debian-cron default.
+        gap = enum_name(schedule_pb2.DstGapPolicy.DESCRIPTOR, spec.cron.dst.gap)
+        overlap = enum_name(schedule_pb2.DstOverlapPolicy.DESCRIPTOR, spec.cron.dst.overlap)
+        rows.append(("dst", f"gap {gap}, overlap {overlap}".replace("UNSPECIFIED", "default")))
+    if spec.HasField("start_time"):
+        rows.append(("start_time", format_time(spec.start_time)))
+    if spec.HasField("end_time"):
+        rows.append(("end_time", format_time(spec.end_time)))
+    if spec.max_runs:
+        rows.append(("max_runs", str(spec.max_runs)))
+    if spec.HasField("jitter"):
+        rows.append(("jitter", format_duration(spec.jitter)))
+    if schedule.HasField("policies"):
+        p = schedule.policies
+        overlap = enum_name(schedule_pb2.OverlapPolicy.DESCRIPTOR, p.overlap)
+        misfire = enum_name(schedule_pb2.MisfirePolicy.DESCRIPTOR, p.misfire)
+        rows.append(("overlap", overlap))
+        rows.append(
+            (
+                "misfire",
+                f"{misfire} (catch-up window {format_duration(p.catch_up_window)}, "
+                f"at most {p.max_catch_up})",
+            )
+        )
+    return rows
 
 
 def format_run(run: schedule_pb2.Run) -> str:

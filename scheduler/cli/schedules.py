@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from cronscale.v1 import scheduler_service_pb2 as api
-from scheduler.cli.build import CreateArgs, build_create_request
+from scheduler.cli.build import MISFIRES, CreateArgs, build_create_request
 from scheduler.cli.client import scheduler_stub
 from scheduler.cli.output import (
     dumps,
@@ -79,9 +79,13 @@ async def pause(args: argparse.Namespace) -> int:
 
 
 async def resume(args: argparse.Namespace) -> int:
-    """``schedule resume ID``: fires again from the next slot after now."""
+    """``schedule resume ID [--misfire POLICY]``: fires again from the next slot after now; the
+    slots missed while paused follow ``--misfire`` if given, else the schedule's policy."""
+    misfire = getattr(args, "misfire", None)
     async with scheduler_stub(args.api) as stub:
         request = api.ResumeScheduleRequest(id=args.id)
+        if misfire:
+            request.misfire_override = MISFIRES[misfire]
         schedule = await stub.ResumeSchedule(request, timeout=args.timeout)
     _show(args, schedule, format_schedule)
     return 0

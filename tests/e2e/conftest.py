@@ -47,6 +47,8 @@ class Stack:
             "CRONSCALE_SHARDS": str(config.shard_count),
             # Misfire tests take the dispatchers down for a few seconds, not half a minute.
             "CRONSCALE_MISFIRE_THRESHOLD": "3",
+            # Workers learn of a cancel at a run's heartbeat: cancel tests wait ~1 s, not 10.
+            "CRONSCALE_WORKER_HEARTBEAT_INTERVAL": "1",
             "PYTHONPATH": str(REPO),
         }
         self.channel = grpc.insecure_channel(config.api_target)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from worker.handlers import HandlerContext, handler
 
 
@@ -9,3 +11,21 @@ from worker.handlers import HandlerContext, handler
 async def record(ctx: HandlerContext) -> str:
     """Succeeds, returning its idempotency key (the run id)."""
     return ctx.run_id
+
+
+@handler("e2e.sleep_cancellable")
+async def sleep_cancellable(ctx: HandlerContext) -> None:
+    """Sleeps ``{"seconds": N}``; if cancelled, appends the run id to the file named by
+    ``{"marker": PATH}`` (proof that the handler saw the cancellation) and re-raises."""
+    doc = ctx.json() or {}
+    try:
+        await asyncio.sleep(float(doc.get("seconds", 30)))
+    except asyncio.CancelledError:
+        if doc.get("marker"):
+            _append(doc["marker"], f"{ctx.run_id}\n")
+        raise
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line)

@@ -93,9 +93,9 @@ def test_overlap_skip_allow_and_buffer_one(stack: Stack) -> None:
     runs = _wait_finished(stack, allow)
     assert not [r for r in runs if r.status == SKIPPED]
     done = sorted((r for r in runs if r.status == SUCCEEDED), key=lambda r: _t(r.start_time))
-    assert any(
-        _t(b.start_time) < _t(a.finish_time) for a, b in itertools.pairwise(done)
-    ), "ALLOW runs never overlapped"
+    assert any(_t(b.start_time) < _t(a.finish_time) for a, b in itertools.pairwise(done)), (
+        "ALLOW runs never overlapped"
+    )
 
     runs = _wait_finished(stack, buffer, timeout=30)
     executed = [r for r in runs if r.status == SUCCEEDED]

@@ -37,8 +37,9 @@ def _schedule(
     return Schedule(
         schedule_id="s1",
         handler="echo",
-        spec=ScheduleSpec(kind=SpecKind.CRON, cron=cron, timezone=tz, max_runs=max_runs,
-                          dst_gap=gap),
+        spec=ScheduleSpec(
+            kind=SpecKind.CRON, cron=cron, timezone=tz, max_runs=max_runs, dst_gap=gap
+        ),
         generation=7,
         policies=policies or SchedulePolicies(),
         running=running or {},
@@ -152,7 +153,9 @@ def test_max_runs_completes_the_schedule() -> None:
 
 def test_one_shot_completes_after_firing() -> None:
     s = Schedule(
-        schedule_id="s1", handler="echo", generation=7,
+        schedule_id="s1",
+        handler="echo",
+        generation=7,
         spec=ScheduleSpec(kind=SpecKind.ONCE, at=T0),
     )
     plan = _plan(s, _timer(T0), T0)
@@ -169,3 +172,20 @@ def test_dst_gap_skip_is_recorded() -> None:
     assert dst.skip_reason == "dst"
     assert dst.scheduled_for == datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
     assert dst.run_id.endswith("~dst-023000")
+
+
+def test_fire_timers_keep_microseconds() -> None:
+    """Regression: slots were stored to the millisecond, so a one-shot (or interval) at
+    12:00:00.242817 read back as 12:00:00.242, and "the next slot strictly after it" was the
+    same slot again: it fired every half second until the grace window passed."""
+    at = T0 + timedelta(microseconds=242_817)
+    f = _timer(at)
+    assert FireTimer.from_timer(f.to_timer(8)) == f
+    s = Schedule(
+        schedule_id="s1",
+        handler="echo",
+        generation=7,
+        spec=ScheduleSpec(kind=SpecKind.ONCE, at=at),
+    )
+    plan = _plan(s, FireTimer.from_timer(f.to_timer(8)), at + timedelta(milliseconds=5))
+    assert len(plan.enqueue) == 1 and plan.next_timers == []

@@ -160,7 +160,8 @@ async def test_an_operator_cancel_stops_the_handler() -> None:
     reporter.cancel.add("run-1")
     outcome = await asyncio.wait_for(running, 5)
     assert outcome.error == "cancelled by an operator"
-    assert reporter.kinds()[-1] == "FAILED"
+    assert outcome.cancelled and not outcome.succeeded
+    assert reporter.kinds()[-1] == "CANCELLED"
 
 
 async def test_a_cancel_before_start_skips_the_handler() -> None:
@@ -172,6 +173,36 @@ async def test_a_cancel_before_start_skips_the_handler() -> None:
     outcome = await runner.run(task("x"))
     assert not called
     assert outcome.error == "cancelled by an operator before it started"
+    assert outcome.cancelled
+    assert reporter.kinds() == ["STARTED", "CANCELLED"]
+
+
+async def test_a_handler_that_turns_the_cancel_into_an_error_is_still_cancelled() -> None:
+    reporter = RecordingReporter()
+    runner, registry = make_runner(reporter, heartbeat_interval=0.05)
+
+    async def cleanup_then_raise(ctx: HandlerContext) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise RuntimeError("interrupted while copying") from None
+
+    registry.register("stubborn", cleanup_then_raise)
+    running = asyncio.create_task(runner.run(task("stubborn")))
+    await asyncio.sleep(0.1)
+    reporter.cancel.add("run-1")
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.cancelled and "interrupted while copying" in outcome.error
+    assert reporter.kinds()[-1] == "CANCELLED"
+    assert reporter.events[-1].error == outcome.error
+
+
+async def test_a_timeout_is_failed_not_cancelled() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter, heartbeat_interval=0.05)
+    outcome = await runner.run(task("sleep", b'{"seconds": 30}', max_runtime=0.2))
+    assert not outcome.cancelled and outcome.error.startswith("timed out")
+    assert reporter.kinds()[-1] == "FAILED"
 
 
 async def test_cancelling_the_runner_cancels_the_handler_and_reports_nothing() -> None:

@@ -36,6 +36,8 @@ class _RunEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunEvent
     RUN_EVENT_KIND_HEARTBEAT: _RunEventKind.ValueType  # 2
     RUN_EVENT_KIND_SUCCEEDED: _RunEventKind.ValueType  # 3
     RUN_EVENT_KIND_FAILED: _RunEventKind.ValueType  # 4
+    RUN_EVENT_KIND_CANCELLED: _RunEventKind.ValueType  # 5
+    """The handler stopped because an operator (or a CANCEL_PREVIOUS slot) asked it to cancel."""
 
 class RunEventKind(_RunEventKind, metaclass=_RunEventKindEnumTypeWrapper): ...
 
@@ -44,6 +46,8 @@ RUN_EVENT_KIND_STARTED: RunEventKind.ValueType  # 1
 RUN_EVENT_KIND_HEARTBEAT: RunEventKind.ValueType  # 2
 RUN_EVENT_KIND_SUCCEEDED: RunEventKind.ValueType  # 3
 RUN_EVENT_KIND_FAILED: RunEventKind.ValueType  # 4
+RUN_EVENT_KIND_CANCELLED: RunEventKind.ValueType  # 5
+"""The handler stopped because an operator (or a CANCEL_PREVIOUS slot) asked it to cancel."""
 Global___RunEventKind: _TypeAlias = RunEventKind  # noqa: Y015
 
 @_typing.final
@@ -64,7 +68,7 @@ class RunEvent(_message.Message):
     attempt: _builtins.int
     worker_id: _builtins.str
     error: _builtins.str
-    """FAILED: the error text (truncated to 4 KiB by the server)."""
+    """FAILED, CANCELLED: the error text (truncated to 4 KiB by the server)."""
     @_builtins.property
     def scheduled_for(self) -> _timestamp_pb2.Timestamp:
         """Echoed from the run message."""

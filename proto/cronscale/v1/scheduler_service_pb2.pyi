@@ -450,19 +450,30 @@ class PreviewScheduleResponse(_message.Message):
 
     FIRE_TIMES_FIELD_NUMBER: _builtins.int
     TIMEZONE_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     timezone: _builtins.str
     """The zone the `local` times are in."""
     @_builtins.property
-    def fire_times(self) -> _containers.RepeatedCompositeFieldContainer[_schedule_pb2.FireTimePreview]: ...
+    def fire_times(self) -> _containers.RepeatedCompositeFieldContainer[_schedule_pb2.FireTimePreview]:
+        """Exactly the times that fire, in order: bounds, jitter and DST rules applied."""
+
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedCompositeFieldContainer[_schedule_pb2.FireTimePreview]:
+        """Wall times in the previewed span that a DST gap dropped (gap policy SKIP), note
+        `dst_gap_skipped`: `utc` is the instant the clock jumped over them (where the SKIPPED run is
+        recorded), `local` the wall time that never happened (no UTC offset). Not in `fire_times`.
+        """
+
     def __init__(
         self,
         *,
         fire_times: _abc.Iterable[_schedule_pb2.FireTimePreview] | None = ...,
         timezone: _builtins.str = ...,
+        skipped: _abc.Iterable[_schedule_pb2.FireTimePreview] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fire_times", b"fire_times", "timezone", b"timezone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fire_times", b"fire_times", "skipped", b"skipped", "timezone", b"timezone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

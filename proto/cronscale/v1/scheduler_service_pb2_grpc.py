@@ -191,13 +191,15 @@ class SchedulerServiceServicer:
 
     def TriggerSchedule(self, request, context):
         """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced.
+        Returns the run: ENQUEUED, or SKIPPED (reason `overlap`). FAILED_PRECONDITION if CANCELLED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RerunRun(self, request, context):
-        """Runs a finished run again with a fresh run id linked to it (origin_run_id).
+        """Runs a finished run (SUCCEEDED, FAILED, CANCELLED, DEAD_LETTERED) again with a fresh run id
+        linked to it (origin_run_id) and the same scheduled_for; not subject to the overlap policy.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

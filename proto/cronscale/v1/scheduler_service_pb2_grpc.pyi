@@ -53,9 +53,13 @@ class SchedulerServiceStub:
     CancelSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.CancelScheduleRequest, _schedule_pb2.Schedule]
     """No further runs, for good; optionally cancels the running run."""
     TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.TriggerScheduleRequest, _schedule_pb2.Run]
-    """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced."""
+    """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced.
+    Returns the run: ENQUEUED, or SKIPPED (reason `overlap`). FAILED_PRECONDITION if CANCELLED.
+    """
     RerunRun: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.RerunRunRequest, _schedule_pb2.Run]
-    """Runs a finished run again with a fresh run id linked to it (origin_run_id)."""
+    """Runs a finished run (SUCCEEDED, FAILED, CANCELLED, DEAD_LETTERED) again with a fresh run id
+    linked to it (origin_run_id) and the same scheduled_for; not subject to the overlap policy.
+    """
     BackfillSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.BackfillScheduleRequest, _schedule_pb2.Backfill]
     """One logical run per slot in [start_time, end_time), with deterministic run ids (a repeated
     backfill of the same range does not duplicate), enqueued at a bounded concurrency.
@@ -92,9 +96,13 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     CancelSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.CancelScheduleRequest, _schedule_pb2.Schedule]  # type: ignore[assignment]
     """No further runs, for good; optionally cancels the running run."""
     TriggerSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.TriggerScheduleRequest, _schedule_pb2.Run]  # type: ignore[assignment]
-    """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced."""
+    """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced.
+    Returns the run: ENQUEUED, or SKIPPED (reason `overlap`). FAILED_PRECONDITION if CANCELLED.
+    """
     RerunRun: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.RerunRunRequest, _schedule_pb2.Run]  # type: ignore[assignment]
-    """Runs a finished run again with a fresh run id linked to it (origin_run_id)."""
+    """Runs a finished run (SUCCEEDED, FAILED, CANCELLED, DEAD_LETTERED) again with a fresh run id
+    linked to it (origin_run_id) and the same scheduled_for; not subject to the overlap policy.
+    """
     BackfillSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.BackfillScheduleRequest, _schedule_pb2.Backfill]  # type: ignore[assignment]
     """One logical run per slot in [start_time, end_time), with deterministic run ids (a repeated
     backfill of the same range does not duplicate), enqueued at a bounded concurrency.
@@ -194,7 +202,9 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_service_pb2.TriggerScheduleRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_pb2.Run, _abc.Awaitable[_schedule_pb2.Run]]:
-        """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced."""
+        """Runs now with a fresh run id, marked manual; subject to the overlap policy unless forced.
+        Returns the run: ENQUEUED, or SKIPPED (reason `overlap`). FAILED_PRECONDITION if CANCELLED.
+        """
 
     @_abc_1.abstractmethod
     def RerunRun(
@@ -202,7 +212,9 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_service_pb2.RerunRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_pb2.Run, _abc.Awaitable[_schedule_pb2.Run]]:
-        """Runs a finished run again with a fresh run id linked to it (origin_run_id)."""
+        """Runs a finished run (SUCCEEDED, FAILED, CANCELLED, DEAD_LETTERED) again with a fresh run id
+        linked to it (origin_run_id) and the same scheduled_for; not subject to the overlap policy.
+        """
 
     @_abc_1.abstractmethod
     def BackfillSchedule(

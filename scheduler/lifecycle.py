@@ -1,0 +1,276 @@
+"""Update, cancel, trigger and re-run: the lifecycle operations beyond create/pause/resume/delete.
+
+Like the rest of the lifecycle (``scheduler.service``), every change to a schedule replaces its
+``generation`` and writes timers *before* the compare-and-set that makes them current, so a
+superseded timer is dropped when due and a failure in between leaves a timer nobody honours,
+never a schedule that silently stops firing (decision 0002).
+
+Manual runs (a trigger, a re-run) are never produced to Kafka by the API: they are put as run
+timers due now, so every enqueue goes through a dispatcher, which enqueues them within a poll.
+Their run row is written right away (ENQUEUED), so GetRun finds them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from scheduler.firing import STALE_RUN
+from scheduler.model import (
+    BufferedRun,
+    Run,
+    RunStatus,
+    Schedule,
+    ScheduleState,
+    SkipReason,
+    new_generation,
+    run_id_for,
+)
+from scheduler.overlap import OverlapAction, OverlapDecision, decide_overlap
+from scheduler.service import ScheduleService
+from scheduler.timers import RunTimer
+from scheduler.validation import validate_schedule
+
+logger = logging.getLogger(__name__)
+
+# The states after which a run changes no more, and so may be run again.
+RERUNNABLE = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD_LETTERED}
+)
+# CancelSchedule retries its compare-and-set this often when a concurrent change wins.
+_CANCEL_ATTEMPTS = 3
+
+
+def stale_version(given: int, current: int) -> Aborted:
+    """The ABORTED error of an update that carried a version other than the stored one."""
+    return Aborted(
+        f"schedule.version: {given} is stale; the current version is {current} "
+        "(read the schedule again and retry)"
+    )
+
+
+class Lifecycle:
+    """UpdateSchedule, CancelSchedule, TriggerSchedule and RerunRun on a ``ScheduleService``."""
+
+    def __init__(self, service: ScheduleService) -> None:
+        self._svc = service
+
+    async def update(self, draft: Schedule, *, schedule_id: str, version: int) -> Schedule:
+        """Replaces name, handler, spec, payload, max runtime and policies of a schedule.
+
+        ``version`` is the version the caller read: anything else is ABORTED and nothing is
+        written. The tenant, the dependencies (``after``) and the pause note are kept. An
+        ACTIVE (or COMPLETED) schedule becomes ACTIVE on the new spec: its first timer is put
+        under a new generation before the compare-and-set, so the old spec's pending timer is
+        superseded and never fires. A PAUSED schedule stays PAUSED and gets no timer (resume
+        puts one). A CANCELLED schedule cannot be updated (FAILED_PRECONDITION).
+        """
+        svc = self._svc
+        s = await svc.schedules.get(schedule_id)
+        if s.state is ScheduleState.CANCELLED:
+            raise FailedPrecondition(
+                f"schedule {schedule_id!r} is CANCELLED; a cancelled schedule cannot be updated"
+            )
+        if version != s.version:
+            raise stale_version(version, s.version)
+        now = svc.now()
+        updated = replace(
+            s,
+            name=draft.name,
+            handler=draft.handler,
+            spec=draft.spec,
+            payload=draft.payload,
+            max_runtime=draft.max_runtime,
+            policies=draft.policies,
+            version=s.version + 1,
+            generation=new_generation(),
+            update_time=now,
+        )
+        validate_schedule(updated, now)
+        if s.state is ScheduleState.PAUSED:
+            updated = replace(updated, next_fire_time=None)
+        else:
+            fired = await svc.fired_so_far(updated) if updated.spec.max_runs else 0
+            first = svc.first_fire(updated, now, fired=fired)
+            # A schedule with upstreams fires after their successes even without times of its own.
+            if first is None and not updated.after:
+                why = (
+                    f" (max_runs {updated.spec.max_runs} reached: {fired} runs fired)"
+                    if updated.spec.max_runs and fired >= updated.spec.max_runs
+                    else ""
+                )
+                raise InvalidArgument("schedule.spec", f"never fires after now{why}")
+            updated = replace(
+                updated,
+                state=ScheduleState.ACTIVE,
+                next_fire_time=first.scheduled_for if first is not None else None,
+            )
+            if first is not None:
+                # Timer first: if the compare-and-set then loses, its generation is never
+                # current.
+                await svc.timers.put([first.to_timer(svc.timers.shard_count)], now=now)
+        applied, current = await svc.schedules.update(updated, expected_version=s.version)
+        if not applied:
+            if current is None:
+                raise NotFound(f"schedule {schedule_id!r} not found")
+            raise stale_version(version, current)
+        logger.info(
+            "updated schedule %s to version %d",
+            schedule_id,
+            updated.version,
+            extra={"schedule_id": schedule_id, "tenant": s.tenant},
+        )
+        return await svc.get(schedule_id)
+
+    async def cancel(self, schedule_id: str, *, cancel_running: bool) -> Schedule:
+        """Stops a schedule for good: CANCELLED under a new generation, so its pending timer and
+        any run timer not yet enqueued are dropped when due. Idempotent.
+
+        With ``cancel_running``, each run in progress is marked cancel-requested; its worker
+        sees that at the run's next heartbeat, cancels the handler and reports it CANCELLED.
+        """
+        svc = self._svc
+        for attempt in range(_CANCEL_ATTEMPTS):
+            s = await svc.schedules.get(schedule_id)
+            if s.state is ScheduleState.CANCELLED:
+                break
+            if await svc.schedules.change_state(
+                s,
+                state=ScheduleState.CANCELLED,
+                generation=new_generation(),
+                now=svc.now(),
+                next_fire_time=None,
+            ):
+                logger.info(
+                    "cancelled schedule %s", schedule_id, extra={"schedule_id": schedule_id}
+                )
+                break
+            if attempt == _CANCEL_ATTEMPTS - 1:
+                raise Aborted(f"schedule {schedule_id!r} changed concurrently; retry")
+        # Read after the state change: a run a dispatcher enqueued just before it is included.
+        s = await svc.get(schedule_id)
+        if cancel_running:
+            running = s.in_progress(svc.now(), stale_after=STALE_RUN)
+            if running:
+                await svc.runs.write(svc.runs.cancel_rows(running))
+                logger.info(
+                    "asked %d runs of %s to cancel",
+                    len(running),
+                    schedule_id,
+                    extra={"schedule_id": schedule_id},
+                )
+        return s
+
+    async def trigger(self, schedule_id: str, *, force: bool) -> Run:
+        """Runs a schedule now, outside its slots: a fresh run id, marked manual.
+
+        Subject to the overlap policy unless ``force``: with runs in progress, SKIP records the
+        run SKIPPED (reason ``overlap``); BUFFER_ONE holds it back until the running one
+        finishes (returned ENQUEUED without an enqueue time; SKIPPED if a run is held already);
+        CANCEL_PREVIOUS asks the running ones to cancel and runs it; ALLOW runs it. Works on
+        ACTIVE, PAUSED and COMPLETED schedules; FAILED_PRECONDITION on a CANCELLED one.
+        """
+        svc = self._svc
+        s = await svc.schedules.get(schedule_id)
+        _require_not_cancelled(s, "a cancelled schedule cannot be triggered")
+        now = svc.now()
+        # Whole milliseconds, as the run id and the run row hold it.
+        now = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+        run = Run(
+            run_id=run_id_for(s.schedule_id, now, manual=True),
+            schedule_id=s.schedule_id,
+            scheduled_for=now,
+            status=RunStatus.ENQUEUED,
+            handler=s.handler,
+            tenant=s.tenant,
+            manual=True,
+        )
+        decision = (
+            OverlapDecision(action=OverlapAction.RUN)
+            if force
+            else decide_overlap(
+                s.policies.overlap,
+                s.in_progress(now, stale_after=STALE_RUN),
+                buffered=s.buffered is not None,
+            )
+        )
+        ids = {"schedule_id": s.schedule_id, "run_id": run.run_id}
+        if decision.action is OverlapAction.BUFFER:
+            held = BufferedRun(run_id=run.run_id, scheduled_for=now, manual=True)
+            if await svc.schedules.hold_buffered(s.schedule_id, held.to_json()):
+                logger.info("triggered run %s held back (BUFFER_ONE)", run.run_id, extra=ids)
+                return run
+            decision = OverlapDecision(action=OverlapAction.SKIP)
+        if decision.action is OverlapAction.SKIP:
+            skipped = replace(run, status=RunStatus.SKIPPED, skip_reason=SkipReason.OVERLAP.value)
+            await svc.runs.write(svc.runs.insert_rows([skipped]))
+            logger.info("triggered run %s skipped (overlap)", run.run_id, extra=ids)
+            return skipped
+        items = svc.runs.cancel_rows(decision.cancel)
+        run = replace(run, enqueue_time=now)
+        await self._enqueue(run, items)
+        logger.info("triggered run %s", run.run_id, extra=ids)
+        return run
+
+    async def rerun(self, run_id: str) -> Run:
+        """Runs a finished run again: a fresh manual run id, ``origin_run_id`` the original.
+
+        The new run keeps the original's ``scheduled_for`` (the slot it stands for, which
+        handlers may use as their logical date) and runs the schedule's current handler and
+        payload. It is an operator's explicit act, so the overlap policy does not apply.
+        NOT_FOUND if the run or its schedule is gone; FAILED_PRECONDITION if the run has not
+        finished (SUCCEEDED, FAILED, CANCELLED, DEAD_LETTERED) or the schedule is CANCELLED.
+        """
+        svc = self._svc
+        original = await svc.runs.get(run_id)
+        if original.status not in RERUNNABLE:
+            raise FailedPrecondition(
+                f"run {run_id!r} is {original.status.value}; only a finished run (SUCCEEDED, "
+                "FAILED, CANCELLED or DEAD_LETTERED) can be re-run"
+            )
+        s = await svc.schedules.get(original.schedule_id)
+        _require_not_cancelled(s, f"run {run_id!r} of it cannot be re-run")
+        now = svc.now()
+        run = Run(
+            run_id=run_id_for(s.schedule_id, original.scheduled_for, manual=True),
+            schedule_id=s.schedule_id,
+            scheduled_for=original.scheduled_for,
+            status=RunStatus.ENQUEUED,
+            handler=s.handler,
+            tenant=s.tenant,
+            manual=True,
+            enqueue_time=now,
+            origin_run_id=original.run_id,
+        )
+        await self._enqueue(run, [])
+        logger.info(
+            "re-running %s as %s",
+            original.run_id,
+            run.run_id,
+            extra={"schedule_id": s.schedule_id, "run_id": run.run_id},
+        )
+        return run
+
+    async def _enqueue(self, run: Run, items: list[tuple[Any, Any, Sequence[Any]]]) -> None:
+        """Puts ``run`` as a run timer due now, then records it ENQUEUED (with ``items``)."""
+        svc = self._svc
+        assert run.enqueue_time is not None
+        timer = RunTimer(
+            schedule_id=run.schedule_id,
+            run_id=run.run_id,
+            scheduled_for=run.scheduled_for,
+            fire_at=run.enqueue_time,
+            manual=run.manual,
+            origin_run_id=run.origin_run_id,
+        )
+        # Timer first: a failure after it still enqueues the run (the dispatcher records it).
+        await svc.timers.put([timer.to_timer(svc.timers.shard_count)], now=run.enqueue_time)
+        await svc.runs.write([*items, *svc.runs.insert_rows([run])])
+
+
+def _require_not_cancelled(s: Schedule, what: str) -> None:
+    if s.state is ScheduleState.CANCELLED:
+        raise FailedPrecondition(f"schedule {s.schedule_id!r} is CANCELLED; {what}")
