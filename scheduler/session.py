@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+
 from cassandra.cluster import Session
 
+from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import aexecute, connect, first
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.errors import FailedPrecondition
 
@@ -33,3 +38,33 @@ async def shard_count(session: Session, keyspace: str) -> int:
     if row is None:
         raise FailedPrecondition("cluster_settings has no shard_count; run `cronscale db migrate`")
     return int(row.value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stores:
+    """The Cassandra stores a control-plane process works with, on one session."""
+
+    session: Session
+    timers: CassandraTimerStore
+    schedules: CassandraScheduleStore
+    runs: CassandraRunStore
+
+    def close(self) -> None:
+        self.session.cluster.shutdown()
+
+
+async def open_stores(config: Config) -> Stores:
+    """Connects (off the event loop) and prepares every store; the caller closes them."""
+    session = await asyncio.to_thread(open_session, config)
+    try:
+        shards = await shard_count(session, config.keyspace)
+    except BaseException:
+        session.cluster.shutdown()
+        raise
+    schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
+    return Stores(
+        session=session,
+        timers=CassandraTimerStore(session, keyspace=config.keyspace, shard_count=shards),
+        schedules=schedules,
+        runs=CassandraRunStore(session, schedules),
+    )

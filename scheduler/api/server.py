@@ -10,7 +10,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from bucketer.cassandra import CassandraTimerStore
 from cronscale.v1 import (
     run_reporting_service_pb2,
     run_reporting_service_pb2_grpc,
@@ -20,11 +19,10 @@ from cronscale.v1 import (
 from scheduler import metrics
 from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.reports import RunReports
 from scheduler.service import ScheduleService
-from scheduler.session import open_session, shard_count
+from scheduler.session import open_stores
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +38,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    session = await asyncio.to_thread(open_session, config)
+    stores = await open_stores(config)
     try:
-        ks = config.keyspace
-        shards = await shard_count(session, ks)
-        timers = CassandraTimerStore(session, keyspace=ks, shard_count=shards)
-        schedules = CassandraScheduleStore(session, keyspace=ks)
-        runs = CassandraRunStore(session, schedules)
+        timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         service = ScheduleService(schedules=schedules, runs=runs, timers=timers)
 
         server = grpc.aio.server()
@@ -73,5 +67,5 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
     finally:
-        session.cluster.shutdown()
+        stores.close()
         logger.info("api stopped")

@@ -7,14 +7,12 @@ import logging
 import signal
 from datetime import timedelta
 
-from bucketer.cassandra import CassandraTimerStore
 from bucketer.wheel import TimerWheel
 from scheduler import metrics
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
-from scheduler.session import open_session, shard_count
+from scheduler.session import open_stores
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +23,9 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    session = await asyncio.to_thread(open_session, config)
+    stores = await open_stores(config)
     try:
-        ks = config.keyspace
-        shards = await shard_count(session, ks)
-        timers = CassandraTimerStore(session, keyspace=ks, shard_count=shards)
-        schedules = CassandraScheduleStore(session, keyspace=ks)
-        runs = CassandraRunStore(session, schedules)
+        timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         await ensure_topics(
             config.kafka_bootstrap, [config.topic()], partitions=config.topic_partitions
         )
@@ -51,12 +45,12 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
             logger.info(
                 "dispatcher %s started (%d shards, topic %s)",
                 config.instance_id,
-                shards,
+                timers.shard_count,
                 config.topic(),
             )
             await wheel.run(stop)
         finally:
             await queue.stop()
     finally:
-        session.cluster.shutdown()
+        stores.close()
         logger.info("dispatcher %s stopped", config.instance_id)

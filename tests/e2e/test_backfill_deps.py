@@ -7,61 +7,32 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from bucketer.keys import shard_of
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from scheduler.backfill import backfill_id_for
 from tests.e2e.conftest import Stack
+from tests.e2e.support import (
+    FAILED,
+    SKIPPED,
+    SUCCEEDED,
+    TERMINAL,
+    create_schedule,
+    cron_spec,
+    delete_schedule,
+    dt,
+    json_payload,
+    list_runs,
+    pause_schedule,
+    refusal,
+    ts,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-SUCCEEDED = schedule_pb2.RUN_STATUS_SUCCEEDED
-FAILED = schedule_pb2.RUN_STATUS_FAILED
-TERMINAL = {SUCCEEDED, FAILED}
-
-
-def _ts(t: datetime) -> Timestamp:
-    out = Timestamp()
-    out.FromDatetime(t)
-    return out
-
-
-def _dt(t: Timestamp) -> datetime:
-    return t.ToDatetime(tzinfo=UTC)
-
-
-def _create(stack: Stack, schedule_id: str = "", **fields: Any) -> schedule_pb2.Schedule:
-    return stack.api.CreateSchedule(
-        scheduler_service_pb2.CreateScheduleRequest(
-            schedule=schedule_pb2.Schedule(**fields), schedule_id=schedule_id
-        ),
-        timeout=10,
-    )
-
-
-def _cron(expression: str) -> schedule_pb2.ScheduleSpec:
-    return schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression=expression))
-
-
-def _runs(stack: Stack, schedule_id: str) -> list[schedule_pb2.Run]:
-    out: list[schedule_pb2.Run] = []
-    token = ""
-    while True:
-        resp = stack.api.ListRuns(
-            scheduler_service_pb2.ListRunsRequest(
-                schedule_id=schedule_id, page_size=1000, page_token=token
-            ),
-            timeout=10,
-        )
-        out.extend(resp.runs)
-        token = resp.next_page_token
-        if not token:
-            return out
 
 
 def _backfill(
@@ -69,7 +40,7 @@ def _backfill(
 ) -> schedule_pb2.Backfill:
     return stack.api.BackfillSchedule(
         scheduler_service_pb2.BackfillScheduleRequest(
-            id=schedule_id, start_time=_ts(start), end_time=_ts(end), concurrency=concurrency
+            id=schedule_id, start_time=ts(start), end_time=ts(end), concurrency=concurrency
         ),
         timeout=30,
     )
@@ -79,43 +50,6 @@ def _get_backfill(stack: Stack, backfill_id: str) -> schedule_pb2.Backfill:
     return stack.api.GetBackfill(
         scheduler_service_pb2.GetBackfillRequest(backfill_id=backfill_id), timeout=10
     )
-
-
-def _delete(stack: Stack, schedule_id: str) -> None:
-    stack.api.DeleteSchedule(
-        scheduler_service_pb2.DeleteScheduleRequest(id=schedule_id), timeout=10
-    )
-
-
-def _pause(stack: Stack, schedule_id: str) -> None:
-    stack.api.PauseSchedule(scheduler_service_pb2.PauseScheduleRequest(id=schedule_id), timeout=10)
-
-
-def _wait(
-    what: str, check: Callable[[], bool], timeout: float, stack: Stack, poll: float = 0.5
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"{what}: not reached after {timeout} s\n--- dispatcher\n"
-                f"{stack.tail('dispatcher')}\n--- worker\n{stack.tail('worker')}"
-            )
-        time.sleep(poll)
-
-
-class _Refused:
-    """What an RPC that failed answered."""
-
-    def __init__(self, error: grpc.RpcError) -> None:
-        self.code: grpc.StatusCode = error.code()
-        self.details: str = error.details() or ""
-
-
-def _error(call: Callable[[], object]) -> _Refused:
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return _Refused(err.value)
 
 
 def _edges(stack: Stack, schedule_id: str = "") -> set[tuple[str, str]]:
@@ -131,8 +65,8 @@ def _edges(stack: Stack, schedule_id: str = "") -> set[tuple[str, str]]:
 def test_backfill_of_300_slots_completes_while_live_schedule_keeps_its_lag(stack: Stack) -> None:
     end = datetime.now(UTC).replace(second=0, microsecond=0)
     start = end - timedelta(hours=5)
-    target = _create(
-        stack, "bf-target", name="backfilled-minutely", handler="echo", spec=_cron("* * * * *")
+    target = create_schedule(
+        stack, "bf-target", name="backfilled-minutely", handler="echo", spec=cron_spec("* * * * *")
     )
     # The live schedule shares the backfill timer's shard: the dispatcher handles both in the
     # same scan loop, the hardest case for the live schedule's lag.
@@ -142,8 +76,8 @@ def test_backfill_of_300_slots_completes_while_live_schedule_keeps_its_lag(stack
         for n in range(1000)
         if shard_of(f"bf-live-{n}", stack.config.shard_count) == shard
     )
-    live = _create(
-        stack, live_id, name="live-every-second", handler="echo", spec=_cron("* * * * * *")
+    live = create_schedule(
+        stack, live_id, name="live-every-second", handler="echo", spec=cron_spec("* * * * * *")
     )
     time.sleep(3)  # the live schedule is firing before the backfill starts
     began = datetime.now(UTC)
@@ -160,7 +94,7 @@ def test_backfill_of_300_slots_completes_while_live_schedule_keeps_its_lag(stack
         most_unfinished = max(most_unfinished, p.enqueued - p.done)
         return p.done == p.total
 
-    _wait("backfill done", finished, timeout=180, stack=stack)
+    wait_until(stack, finished, 180, "backfill done")
     took = (datetime.now(UTC) - began).total_seconds()
     ended = datetime.now(UTC)
 
@@ -168,11 +102,11 @@ def test_backfill_of_300_slots_completes_while_live_schedule_keeps_its_lag(stack
     assert (progress.total, progress.enqueued, progress.done) == (300, 300, 300)
     assert most_unfinished <= 20, f"{most_unfinished} backfill runs unfinished at once"
 
-    runs = [r for r in _runs(stack, target.id) if r.backfill_id == b.backfill_id]
+    runs = [r for r in list_runs(stack, target.id) if r.backfill_id == b.backfill_id]
     assert len(runs) == 300
     assert len({r.run_id for r in runs}) == 300
     assert all(r.status == SUCCEEDED and r.run_id.endswith("~bf") for r in runs)
-    slots = sorted(_dt(r.scheduled_for) for r in runs)
+    slots = sorted(dt(r.scheduled_for) for r in runs)
     assert slots == [start + timedelta(minutes=i) for i in range(300)]
 
     # Asked again: the same backfill, nothing new enqueued.
@@ -180,17 +114,17 @@ def test_backfill_of_300_slots_completes_while_live_schedule_keeps_its_lag(stack
     assert again.backfill_id == b.backfill_id
     assert (again.total, again.enqueued, again.done) == (300, 300, 300)
     time.sleep(3)
-    after = [r for r in _runs(stack, target.id) if r.backfill_id]
+    after = [r for r in list_runs(stack, target.id) if r.backfill_id]
     assert len(after) == 300 and {r.run_id for r in after} == {r.run_id for r in runs}
 
     # The live schedule kept firing on time throughout.
-    _pause(stack, live.id)
+    pause_schedule(stack, live.id)
     during = [
         r
-        for r in _runs(stack, live.id)
-        if began <= _dt(r.scheduled_for) <= ended and r.HasField("enqueue_time")
+        for r in list_runs(stack, live.id)
+        if began <= dt(r.scheduled_for) <= ended and r.HasField("enqueue_time")
     ]
-    lags = [(_dt(r.enqueue_time) - _dt(r.scheduled_for)).total_seconds() for r in during]
+    lags = [(dt(r.enqueue_time) - dt(r.scheduled_for)).total_seconds() for r in during]
     slots_during = int((ended - began).total_seconds())
     print(
         f"backfill: 300 slots at concurrency 20 done in {took:.1f} s; live every-second "
@@ -199,12 +133,12 @@ def test_backfill_of_300_slots_completes_while_live_schedule_keeps_its_lag(stack
     )
     assert len(lags) >= slots_during - 2, f"live schedule fired {len(lags)} of ~{slots_during}"
     assert max(lags) < 2.0
-    _delete(stack, live.id)
-    _delete(stack, target.id)
+    delete_schedule(stack, live.id)
+    delete_schedule(stack, target.id)
 
 
 def test_backfill_bad_input_names_the_field(stack: Stack) -> None:
-    s = _create(stack, name="bf-bad-input", handler="echo", spec=_cron("* * * * *"))
+    s = create_schedule(stack, name="bf-bad-input", handler="echo", spec=cron_spec("* * * * *"))
     now = datetime.now(UTC).replace(microsecond=0)
     cases: list[tuple[str, Callable[[], object], grpc.StatusCode, str]] = [
         (
@@ -251,7 +185,7 @@ def test_backfill_bad_input_names_the_field(stack: Stack) -> None:
         (
             "missing start",
             lambda: stack.api.BackfillSchedule(
-                scheduler_service_pb2.BackfillScheduleRequest(id=s.id, end_time=_ts(now)),
+                scheduler_service_pb2.BackfillScheduleRequest(id=s.id, end_time=ts(now)),
                 timeout=10,
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -283,11 +217,11 @@ def test_backfill_bad_input_names_the_field(stack: Stack) -> None:
         ),
     ]
     for name, call, code, prefix in cases:
-        err = _error(call)
+        err = refusal(call)
         print(f"{name}: {err.code.name}: {err.details}")
         assert err.code == code, (name, err.details)
         assert err.details.startswith(prefix), (name, err.details)
-    _delete(stack, s.id)
+    delete_schedule(stack, s.id)
 
 
 # --- dependencies ------------------------------------------------------------------------------
@@ -296,61 +230,65 @@ def test_backfill_bad_input_names_the_field(stack: Stack) -> None:
 def test_downstream_runs_once_per_upstream_success_and_never_after_a_failure(
     stack: Stack,
 ) -> None:
-    ok = _create(stack, "dep-up-ok", name="up-ok", handler="echo", spec=_cron("* * * * * *"))
-    bad = _create(
+    ok = create_schedule(
+        stack, "dep-up-ok", name="up-ok", handler="echo", spec=cron_spec("* * * * * *")
+    )
+    bad = create_schedule(
         stack,
         "dep-up-fail",
         name="up-fail",
         handler="fail",
-        payload=json.dumps({"error": "upstream broke"}).encode(),
-        spec=_cron("* * * * * *"),
+        payload=json_payload({"error": "upstream broke"}),
+        spec=cron_spec("* * * * * *"),
     )
-    down = _create(stack, "dep-down", name="down", handler="e2e.record", after=[ok.id, bad.id])
+    down = create_schedule(
+        stack, "dep-down", name="down", handler="e2e.record", after=[ok.id, bad.id]
+    )
     assert down.state == schedule_pb2.SCHEDULE_STATE_ACTIVE
     assert not down.HasField("next_fire_time")
     assert list(down.after) == sorted([ok.id, bad.id])
 
-    _wait(
+    wait_until(
+        stack,
+        lambda: sum(r.status == SUCCEEDED for r in list_runs(stack, ok.id)) >= 3,
+        20,
         "3 upstream successes",
-        lambda: sum(r.status == SUCCEEDED for r in _runs(stack, ok.id)) >= 3,
-        timeout=20,
-        stack=stack,
     )
-    _wait(
+    wait_until(
+        stack,
+        lambda: sum(r.status == FAILED for r in list_runs(stack, bad.id)) >= 2,
+        20,
         "2 upstream failures",
-        lambda: sum(r.status == FAILED for r in _runs(stack, bad.id)) >= 2,
-        timeout=20,
-        stack=stack,
     )
-    _pause(stack, ok.id)
-    _pause(stack, bad.id)
+    pause_schedule(stack, ok.id)
+    pause_schedule(stack, bad.id)
 
     def settled() -> bool:
-        ups = _runs(stack, ok.id)
-        if not all(r.status in TERMINAL | {schedule_pb2.RUN_STATUS_SKIPPED} for r in ups):
+        ups = list_runs(stack, ok.id)
+        if not all(r.status in TERMINAL | {SKIPPED} for r in ups):
             return False
         wanted = {r.run_id for r in ups if r.status == SUCCEEDED}
-        downs = _runs(stack, down.id)
+        downs = list_runs(stack, down.id)
         return {r.origin_run_id for r in downs} == wanted and all(
             r.status == SUCCEEDED for r in downs
         )
 
-    _wait("downstream caught up", settled, timeout=30, stack=stack)
+    wait_until(stack, settled, 30, "downstream caught up")
     time.sleep(2)  # nothing more may follow
-    ups = _runs(stack, ok.id)
+    ups = list_runs(stack, ok.id)
     succeeded = {r.run_id: r for r in ups if r.status == SUCCEEDED}
-    downs = _runs(stack, down.id)
+    downs = list_runs(stack, down.id)
     per_origin = Counter(r.origin_run_id for r in downs)
     assert set(per_origin) == set(succeeded)
     assert set(per_origin.values()) == {1}, per_origin
-    failed = {r.run_id for r in _runs(stack, bad.id) if r.status == FAILED}
+    failed = {r.run_id for r in list_runs(stack, bad.id) if r.status == FAILED}
     assert failed and not failed & set(per_origin)
     for r in downs:
         upstream = succeeded[r.origin_run_id]
         assert r.scheduled_for == upstream.scheduled_for
         assert r.run_id.startswith(f"{down.id}@") and "~d" in r.run_id
     lags = [
-        (_dt(r.enqueue_time) - _dt(succeeded[r.origin_run_id].finish_time)).total_seconds()
+        (dt(r.enqueue_time) - dt(succeeded[r.origin_run_id].finish_time)).total_seconds()
         for r in downs
     ]
     print(
@@ -362,52 +300,56 @@ def test_downstream_runs_once_per_upstream_success_and_never_after_a_failure(
     assert _edges(stack, ok.id) == {(ok.id, down.id)}
     assert {(ok.id, down.id), (bad.id, down.id)} <= _edges(stack)
 
-    err = _error(lambda: _delete(stack, ok.id))
+    err = refusal(lambda: delete_schedule(stack, ok.id))
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "dep-down" in err.details
-    _delete(stack, down.id)
+    delete_schedule(stack, down.id)
     assert _edges(stack, ok.id) == set()
-    _delete(stack, ok.id)
-    _delete(stack, bad.id)
+    delete_schedule(stack, ok.id)
+    delete_schedule(stack, bad.id)
 
 
 def test_dependency_input_errors_name_the_field(stack: Stack) -> None:
-    up = _create(stack, "dep-check-up", name="up", handler="echo", spec=_cron("0 0 1 1 *"))
+    up = create_schedule(
+        stack, "dep-check-up", name="up", handler="echo", spec=cron_spec("0 0 1 1 *")
+    )
     cases: list[tuple[str, Callable[[], object], str]] = [
         (
             "unknown upstream",
-            lambda: _create(stack, name="x", handler="echo", after=["nope-not-there"]),
+            lambda: create_schedule(stack, name="x", handler="echo", after=["nope-not-there"]),
             "schedule.after: unknown schedule 'nope-not-there'",
         ),
         (
             "self reference",
-            lambda: _create(stack, "dep-self", name="x", handler="echo", after=["dep-self"]),
+            lambda: create_schedule(
+                stack, "dep-self", name="x", handler="echo", after=["dep-self"]
+            ),
             "schedule.after: cycle dep-self -> dep-self",
         ),
         (
             "foreign schedule",
-            lambda: _create(stack, name="x", tenant="other", handler="echo", after=[up.id]),
+            lambda: create_schedule(stack, name="x", tenant="other", handler="echo", after=[up.id]),
             "schedule.after: 'dep-check-up' is a foreign schedule",
         ),
         (
             "neither spec nor after",
-            lambda: _create(stack, name="x", handler="echo"),
+            lambda: create_schedule(stack, name="x", handler="echo"),
             "schedule.spec:",
         ),
     ]
     for name, call, prefix in cases:
-        err = _error(call)
+        err = refusal(call)
         print(f"{name}: {err.code.name}: {err.details}")
         assert err.code == grpc.StatusCode.INVALID_ARGUMENT, (name, err.details)
         assert err.details.startswith(prefix), (name, err.details)
-    missing = _error(
+    missing = refusal(
         lambda: stack.api.GetSchedule(
             scheduler_service_pb2.GetScheduleRequest(id="dep-self"), timeout=10
         )
     )
     assert missing.code == grpc.StatusCode.NOT_FOUND  # nothing half-written
     assert _edges(stack, up.id) == set()
-    _delete(stack, up.id)
+    delete_schedule(stack, up.id)
 
 
 # --- CLI ---------------------------------------------------------------------------------------
@@ -472,7 +414,7 @@ def test_cli_backfill_deps_and_create_after(stack: Stack) -> None:
         got = stack.cli("backfill", "get", b["backfill_id"], "--json", check=True)
         return bool(json.loads(got.stdout)["done"] == 3)
 
-    _wait("cli backfill done", done, timeout=60, stack=stack, poll=1.0)
+    wait_until(stack, done, 60, "cli backfill done", poll=1.0)
     human = stack.cli("backfill", "get", b["backfill_id"], check=True).stdout
     assert "done" in human and "3" in human
 

@@ -6,59 +6,44 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from tests.e2e.conftest import Stack
+from tests.e2e.support import cron_spec, once_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-def _ts(t: datetime) -> Timestamp:
-    out = Timestamp()
-    out.FromDatetime(t)
-    return out
-
-
-def _cron(expr: str, tz: str = "UTC") -> schedule_pb2.ScheduleSpec:
-    return schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression=expr, timezone=tz))
 
 
 CASES = [
     (
         "invalid cron",
-        dict(handler="echo", spec=_cron("61 * * * *")),
+        dict(handler="echo", spec=cron_spec("61 * * * *", "UTC")),
         "schedule.spec.cron.expression",
         "61",
     ),
     (
         "cron with 7 fields",
-        dict(handler="echo", spec=_cron("* * * * * * *")),
+        dict(handler="echo", spec=cron_spec("* * * * * * *", "UTC")),
         "schedule.spec.cron.expression",
         "fields",
     ),
     (
         "unknown zone",
-        dict(handler="echo", spec=_cron("0 2 * * *", "Mars/Olympus_Mons")),
+        dict(handler="echo", spec=cron_spec("0 2 * * *", "Mars/Olympus_Mons")),
         "schedule.spec.cron.timezone",
         "Mars/Olympus_Mons",
     ),
-    ("missing handler", dict(spec=_cron("0 2 * * *")), "schedule.handler", "required"),
+    ("missing handler", dict(spec=cron_spec("0 2 * * *", "UTC")), "schedule.handler", "required"),
     ("neither cron nor at", dict(handler="echo"), "schedule.spec", "required"),
     (
         "at in the past",
-        dict(
-            handler="echo",
-            spec=schedule_pb2.ScheduleSpec(
-                once=schedule_pb2.OneShotSpec(at=_ts(datetime.now(UTC) - timedelta(minutes=5)))
-            ),
-        ),
+        dict(handler="echo", spec=once_spec(datetime.now(UTC) - timedelta(minutes=5))),
         "schedule.spec.once.at",
         "past",
     ),
     (
         "payload too large",
-        dict(handler="echo", spec=_cron("0 2 * * *"), payload=b"x" * 70_000),
+        dict(handler="echo", spec=cron_spec("0 2 * * *", "UTC"), payload=b"x" * 70_000),
         "schedule.payload",
         "65536",
     ),
@@ -100,7 +85,7 @@ def test_unknown_schedule_is_not_found(stack: Stack) -> None:
 def test_duplicate_id_is_already_exists(stack: Stack) -> None:
     req = scheduler_service_pb2.CreateScheduleRequest(
         schedule_id="dup-check",
-        schedule=schedule_pb2.Schedule(handler="echo", spec=_cron("0 3 * * *")),
+        schedule=schedule_pb2.Schedule(handler="echo", spec=cron_spec("0 3 * * *", "UTC")),
     )
     stack.api.CreateSchedule(req, timeout=10)
     with pytest.raises(grpc.RpcError) as err:

@@ -4,40 +4,39 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from tests.e2e.conftest import Stack
+from tests.e2e.support import (
+    CANCELLED,
+    ENQUEUED,
+    FAILED,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    RunStatus,
+    create_with_policies,
+    cron_spec,
+    delete_schedule,
+    dt,
+    get_run,
+    get_schedule,
+    list_runs,
+    once_spec,
+    pause_schedule,
+    refusal,
+    status_name,
+    ts,
+    wait_for_runs,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-ENQUEUED = schedule_pb2.RUN_STATUS_ENQUEUED
-RUNNING = schedule_pb2.RUN_STATUS_RUNNING
-SUCCEEDED = schedule_pb2.RUN_STATUS_SUCCEEDED
-FAILED = schedule_pb2.RUN_STATUS_FAILED
-SKIPPED = schedule_pb2.RUN_STATUS_SKIPPED
-CANCELLED = schedule_pb2.RUN_STATUS_CANCELLED
-
-
-def _ts(t: datetime) -> Timestamp:
-    out = Timestamp()
-    out.FromDatetime(t)
-    return out
-
-
-def _t(ts: Timestamp) -> datetime:
-    return ts.ToDatetime(tzinfo=UTC)
-
-
-def _name(status: int) -> str:
-    return schedule_pb2.RunStatus.Name(status)  # type: ignore[arg-type]
 
 
 def _create(
@@ -49,72 +48,22 @@ def _create(
     payload: Any = None,
     **policies: Any,
 ) -> schedule_pb2.Schedule:
-    spec = (
-        schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression=cron))
-        if cron
-        else schedule_pb2.ScheduleSpec(
-            once=schedule_pb2.OneShotSpec(at=_ts(at or datetime.now(UTC) + timedelta(days=1)))
-        )
-    )
-    return stack.api.CreateSchedule(
-        scheduler_service_pb2.CreateScheduleRequest(
-            schedule=schedule_pb2.Schedule(
-                name="lifecycle",
-                handler=handler,
-                spec=spec,
-                payload=json.dumps(payload).encode() if payload is not None else b"",
-                policies=schedule_pb2.SchedulePolicies(**policies),
-            )
-        ),
-        timeout=10,
+    """A schedule on ``cron``, or else once at ``at`` (a day from now by default)."""
+    spec = cron_spec(cron) if cron else once_spec(at or datetime.now(UTC) + timedelta(days=1))
+    return create_with_policies(
+        stack, name="lifecycle", handler=handler, spec=spec, payload=payload, **policies
     )
 
 
-def _get(stack: Stack, sid: str) -> schedule_pb2.Schedule:
-    return stack.api.GetSchedule(scheduler_service_pb2.GetScheduleRequest(id=sid), timeout=10)
-
-
-def _runs(stack: Stack, sid: str) -> list[schedule_pb2.Run]:
-    resp = stack.api.ListRuns(
-        scheduler_service_pb2.ListRunsRequest(schedule_id=sid, page_size=1000), timeout=10
-    )
-    return sorted(resp.runs, key=lambda r: (_t(r.scheduled_for), r.run_id))
-
-
-def _run(stack: Stack, run_id: str) -> schedule_pb2.Run:
-    return stack.api.GetRun(scheduler_service_pb2.GetRunRequest(run_id=run_id), timeout=10)
-
-
-def _wait(
-    stack: Stack,
-    sid: str,
-    done: Callable[[list[schedule_pb2.Run]], bool],
-    timeout: float,
-    what: str,
-) -> list[schedule_pb2.Run]:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = _runs(stack, sid)
-        if done(runs):
-            return runs
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"{what}: not after {timeout} s; runs of {sid}: "
-                f"{[(r.run_id, _name(r.status), r.skip_reason, r.error) for r in runs]}\n"
-                f"--- api\n{stack.tail('api')}\n--- dispatcher\n{stack.tail('dispatcher')}\n"
-                f"--- worker\n{stack.tail('worker')}"
-            )
-        time.sleep(0.2)
-
-
-def _wait_status(stack: Stack, run_id: str, statuses: set[int], timeout: float) -> None:
+def _wait_status(stack: Stack, run_id: str, statuses: set[RunStatus], timeout: float) -> None:
     sid = run_id.rpartition("@")[0]
-    _wait(
+    wait_for_runs(
         stack,
         sid,
         lambda rs: any(r.run_id == run_id and r.status in statuses for r in rs),
         timeout,
-        f"{run_id} in {sorted(_name(s) for s in statuses)}",
+        f"{run_id} in {sorted(status_name(s) for s in statuses)}",
+        order="slot_id",
     )
 
 
@@ -137,12 +86,6 @@ def _cancel(stack: Stack, sid: str, cancel_running: bool = False) -> schedule_pb
     )
 
 
-def _code(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details() or ""
-
-
 def test_update_with_a_stale_version_is_aborted_and_changes_nothing(stack: Stack) -> None:
     s = _create(stack, handler="e2e.record", cron="0 0 1 1 *")
     assert s.version == 1
@@ -155,48 +98,59 @@ def test_update_with_a_stale_version_is_aborted_and_changes_nothing(stack: Stack
     stale.CopyFrom(s)  # still carries version 1
     stale.name = "lost update"
     stale.spec.cron.expression = "*/2 * * * * *"
-    code, message = _code(lambda: _update(stack, stale))
+    code, message = refusal(lambda: _update(stack, stale))
     assert code == grpc.StatusCode.ABORTED
     assert "schedule.version" in message and "1" in message and "current version is 2" in message
-    after = _get(stack, s.id)
+    after = get_schedule(stack, s.id)
     assert (after.version, after.name, after.spec.cron.expression) == (2, "renamed", "0 0 1 1 *")
     assert after.update_time == v2.update_time
     time.sleep(2.5)
-    assert _runs(stack, s.id) == [], "the refused spec fired"
+    assert list_runs(stack, s.id) == [], "the refused spec fired"
     # A missing version is a bad request, not a conflict.
     stale.version = 0
-    code, message = _code(lambda: _update(stack, stale))
+    code, message = refusal(lambda: _update(stack, stale))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "schedule.version" in message
 
 
 def test_update_replaces_the_pending_timer_so_the_old_spec_never_fires(stack: Stack) -> None:
     s = _create(stack, handler="e2e.record", cron="* * * * * *")
-    _wait(stack, s.id, lambda rs: len(rs) >= 2, 10, "two runs of the every-second spec")
-    current = _get(stack, s.id)
+    wait_for_runs(
+        stack,
+        s.id,
+        lambda rs: len(rs) >= 2,
+        10,
+        "two runs of the every-second spec",
+        order="slot_id",
+    )
+    current = get_schedule(stack, s.id)
     far = (datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0)
     changed = schedule_pb2.Schedule()
     changed.CopyFrom(current)
-    changed.spec.once.CopyFrom(schedule_pb2.OneShotSpec(at=_ts(far)))
+    changed.spec.once.CopyFrom(schedule_pb2.OneShotSpec(at=ts(far)))
     updated = _update(stack, changed)
     returned = datetime.now(UTC)
     assert updated.version == current.version + 1
     assert updated.spec.WhichOneof("kind") == "once"
     assert updated.state == schedule_pb2.SCHEDULE_STATE_ACTIVE
-    assert _t(updated.next_fire_time) == far
+    assert dt(updated.next_fire_time) == far
     time.sleep(4)
-    late = [r for r in _runs(stack, s.id) if _t(r.scheduled_for) > returned + timedelta(seconds=1)]
+    late = [
+        r
+        for r in list_runs(stack, s.id, order="slot_id")
+        if dt(r.scheduled_for) > returned + timedelta(seconds=1)
+    ]
     assert late == [], f"the old spec fired after the update: {[r.run_id for r in late]}"
     # A paused schedule takes a new spec and stays paused.
-    stack.api.PauseSchedule(scheduler_service_pb2.PauseScheduleRequest(id=s.id), timeout=10)
-    paused = _get(stack, s.id)
+    pause_schedule(stack, s.id)
+    paused = get_schedule(stack, s.id)
     paused.spec.cron.CopyFrom(schedule_pb2.CronSpec(expression="* * * * * *"))
     still = _update(stack, paused)
     assert still.state == schedule_pb2.SCHEDULE_STATE_PAUSED
     assert still.spec.cron.expression == "* * * * * *"
-    count = len(_runs(stack, s.id))
+    count = len(list_runs(stack, s.id))
     time.sleep(2.5)
-    assert len(_runs(stack, s.id)) == count, "a paused schedule fired after an update"
-    stack.api.DeleteSchedule(scheduler_service_pb2.DeleteScheduleRequest(id=s.id), timeout=10)
+    assert len(list_runs(stack, s.id)) == count, "a paused schedule fired after an update"
+    delete_schedule(stack, s.id)
 
 
 def test_trigger_runs_now_with_a_fresh_manual_run_id(stack: Stack) -> None:
@@ -208,19 +162,19 @@ def test_trigger_runs_now_with_a_fresh_manual_run_id(stack: Stack) -> None:
     assert second.run_id != first.run_id
     for run in (first, second):
         _wait_status(stack, run.run_id, {SUCCEEDED}, 10)
-        got = _run(stack, run.run_id)
+        got = get_run(stack, run.run_id)
         assert got.manual and got.status == SUCCEEDED
-        lag = (_t(got.start_time) - _t(got.scheduled_for)).total_seconds()
+        lag = (dt(got.start_time) - dt(got.scheduled_for)).total_seconds()
         print(f"trigger: {run.run_id} started {lag:.3f} s after the trigger")
         assert lag < 3
-    assert {r.run_id for r in _runs(stack, s.id)} == {first.run_id, second.run_id}
+    assert {r.run_id for r in list_runs(stack, s.id)} == {first.run_id, second.run_id}
     # A paused schedule can be triggered: its times stay paused, the manual run runs.
-    stack.api.PauseSchedule(scheduler_service_pb2.PauseScheduleRequest(id=s.id), timeout=10)
+    pause_schedule(stack, s.id)
     third = _trigger(stack, s.id)
     _wait_status(stack, third.run_id, {SUCCEEDED}, 10)
-    assert _get(stack, s.id).state == schedule_pb2.SCHEDULE_STATE_PAUSED
+    assert get_schedule(stack, s.id).state == schedule_pb2.SCHEDULE_STATE_PAUSED
     # A trigger of an unknown schedule.
-    code, _ = _code(lambda: _trigger(stack, "no-such-schedule"))
+    code, _ = refusal(lambda: _trigger(stack, "no-such-schedule"))
     assert code == grpc.StatusCode.NOT_FOUND
 
 
@@ -235,10 +189,10 @@ def test_trigger_respects_skip_unless_forced(stack: Stack, tmp_path: Path) -> No
     _wait_status(stack, long.run_id, {RUNNING}, 10)
     skipped = _trigger(stack, s.id)
     assert skipped.status == SKIPPED and skipped.skip_reason == "overlap" and skipped.manual
-    stored = _run(stack, skipped.run_id)
+    stored = get_run(stack, skipped.run_id)
     assert stored.status == SKIPPED and stored.skip_reason == "overlap"
     # A run in progress cannot be re-run.
-    code, message = _code(
+    code, message = refusal(
         lambda: stack.api.RerunRun(
             scheduler_service_pb2.RerunRunRequest(run_id=long.run_id), timeout=10
         )
@@ -247,14 +201,15 @@ def test_trigger_respects_skip_unless_forced(stack: Stack, tmp_path: Path) -> No
     forced = _trigger(stack, s.id, force=True)
     assert forced.status == ENQUEUED
     _wait_status(stack, forced.run_id, {RUNNING}, 10)
-    assert _run(stack, long.run_id).status == RUNNING, "both run at once when forced"
+    assert get_run(stack, long.run_id).status == RUNNING, "both run at once when forced"
     _cancel(stack, s.id, cancel_running=True)
-    _wait(
+    wait_for_runs(
         stack,
         s.id,
         lambda rs: all(r.status in (SKIPPED, CANCELLED, SUCCEEDED) for r in rs),
         10,
         "runs finished after the cancel",
+        order="slot_id",
     )
 
 
@@ -273,30 +228,44 @@ def test_cancel_previous_cancels_the_running_run_and_starts_the_next(
     def cancelled_then_next(rs: list[schedule_pb2.Run]) -> bool:
         done = [r for r in rs if r.status == CANCELLED]
         return bool(done) and any(
-            _t(r.scheduled_for) > _t(done[0].scheduled_for) and r.HasField("start_time") for r in rs
+            dt(r.scheduled_for) > dt(done[0].scheduled_for) and r.HasField("start_time") for r in rs
         )
 
-    runs = _wait(stack, s.id, cancelled_then_next, 25, "a run CANCELLED and the next started")
+    runs = wait_for_runs(
+        stack,
+        s.id,
+        cancelled_then_next,
+        25,
+        "a run CANCELLED and the next started",
+        order="slot_id",
+    )
     _cancel(stack, s.id, cancel_running=True)
     first = next(r for r in runs if r.status == CANCELLED)
-    nxt = next(r for r in runs if _t(r.scheduled_for) > _t(first.scheduled_for))
-    assert (_t(nxt.scheduled_for) - _t(first.scheduled_for)).total_seconds() == 4
+    nxt = next(r for r in runs if dt(r.scheduled_for) > dt(first.scheduled_for))
+    assert (dt(nxt.scheduled_for) - dt(first.scheduled_for)).total_seconds() == 4
     assert "cancelled by an operator" in first.error
     assert first.HasField("finish_time") and first.HasField("start_time")
     # Cancelled soon after the next slot fired (a heartbeat later), not after its 10 s sleep.
-    ran = (_t(first.finish_time) - _t(first.start_time)).total_seconds()
+    ran = (dt(first.finish_time) - dt(first.start_time)).total_seconds()
     assert ran < 8, f"the previous run ran {ran:.1f} s"
     assert first.run_id in marker.read_text().split(), "the handler did not see the cancel"
     print(
         f"cancel_previous: {first.run_id} ran {ran:.1f} s; next started "
-        f"{(_t(nxt.start_time) - _t(nxt.scheduled_for)).total_seconds():.3f} s after its slot"
+        f"{(dt(nxt.start_time) - dt(nxt.scheduled_for)).total_seconds():.3f} s after its slot"
     )
 
 
 def test_rerun_of_a_failed_run_is_linked_to_it(stack: Stack) -> None:
     at = datetime.now(UTC) + timedelta(seconds=2)
     s = _create(stack, handler="fail", at=at, payload={"error": "flaky upstream"})
-    runs = _wait(stack, s.id, lambda rs: any(r.status == FAILED for r in rs), 10, "a FAILED run")
+    runs = wait_for_runs(
+        stack,
+        s.id,
+        lambda rs: any(r.status == FAILED for r in rs),
+        10,
+        "a FAILED run",
+        order="slot_id",
+    )
     original = next(r for r in runs if r.status == FAILED)
     time.sleep(1.0)  # a redelivered duplicate (at-least-once) would make it RUNNING again
     _wait_status(stack, original.run_id, {FAILED}, 10)
@@ -308,17 +277,17 @@ def test_rerun_of_a_failed_run_is_linked_to_it(stack: Stack) -> None:
     assert rerun.manual and rerun.status == ENQUEUED
     assert rerun.scheduled_for == original.scheduled_for
     _wait_status(stack, rerun.run_id, {FAILED}, 10)
-    got = _run(stack, rerun.run_id)
+    got = get_run(stack, rerun.run_id)
     assert got.origin_run_id == original.run_id and "flaky upstream" in got.error
     _wait_status(stack, original.run_id, {FAILED}, 10)  # the original is left as it was
-    code, _ = _code(
+    code, _ = refusal(
         lambda: stack.api.RerunRun(
             scheduler_service_pb2.RerunRunRequest(run_id=f"{s.id}@20200101T000000.000Z"),
             timeout=10,
         )
     )
     assert code == grpc.StatusCode.NOT_FOUND
-    code, message = _code(
+    code, message = refusal(
         lambda: stack.api.RerunRun(
             scheduler_service_pb2.RerunRunRequest(run_id="not a run id"), timeout=10
         )
@@ -336,7 +305,14 @@ def test_cancel_with_cancel_running_stops_the_run_and_the_schedule_for_good(
         cron="* * * * * *",
         payload={"seconds": 60, "marker": str(marker)},
     )
-    runs = _wait(stack, s.id, lambda rs: any(r.status == RUNNING for r in rs), 10, "a RUNNING run")
+    runs = wait_for_runs(
+        stack,
+        s.id,
+        lambda rs: any(r.status == RUNNING for r in rs),
+        10,
+        "a RUNNING run",
+        order="slot_id",
+    )
     running = next(r for r in runs if r.status == RUNNING)
     cancelled = _cancel(stack, s.id, cancel_running=True)
     assert cancelled.state == schedule_pb2.SCHEDULE_STATE_CANCELLED
@@ -344,23 +320,23 @@ def test_cancel_with_cancel_running_stops_the_run_and_the_schedule_for_good(
     _wait_status(stack, running.run_id, {CANCELLED}, 8)
     assert running.run_id in marker.read_text().split(), "the handler did not see the cancel"
     time.sleep(1.5)  # let a firing that raced the cancel land
-    count = len(_runs(stack, s.id))
+    count = len(list_runs(stack, s.id))
     time.sleep(3)
-    assert len(_runs(stack, s.id)) == count, "a cancelled schedule fired"
-    assert _get(stack, s.id).state == schedule_pb2.SCHEDULE_STATE_CANCELLED
+    assert len(list_runs(stack, s.id)) == count, "a cancelled schedule fired"
+    assert get_schedule(stack, s.id).state == schedule_pb2.SCHEDULE_STATE_CANCELLED
     # Cancelled for good.
-    code, message = _code(
+    code, message = refusal(
         lambda: stack.api.ResumeSchedule(
             scheduler_service_pb2.ResumeScheduleRequest(id=s.id), timeout=10
         )
     )
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "CANCELLED" in message
-    current = _get(stack, s.id)
-    code, message = _code(lambda: _update(stack, current))
+    current = get_schedule(stack, s.id)
+    code, message = refusal(lambda: _update(stack, current))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "CANCELLED" in message
-    code, _ = _code(lambda: _trigger(stack, s.id, force=True))
+    code, _ = refusal(lambda: _trigger(stack, s.id, force=True))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
-    code, _ = _code(
+    code, _ = refusal(
         lambda: stack.api.RerunRun(
             scheduler_service_pb2.RerunRunRequest(run_id=running.run_id), timeout=10
         )

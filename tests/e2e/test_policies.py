@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,60 +10,54 @@ from typing import Any
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from cronscale.v1 import schedule_pb2, scheduler_service_pb2
+from cronscale.v1 import schedule_pb2
 from tests.e2e.conftest import Stack
+from tests.e2e.support import (
+    FAILED,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    create_with_policies,
+    cron_spec,
+    dt,
+    pause_schedule,
+    wait_for_runs,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-SUCCEEDED = schedule_pb2.RUN_STATUS_SUCCEEDED
-SKIPPED = schedule_pb2.RUN_STATUS_SKIPPED
-EXECUTED = {SUCCEEDED, schedule_pb2.RUN_STATUS_RUNNING, schedule_pb2.RUN_STATUS_FAILED}
+EXECUTED = {SUCCEEDED, RUNNING, FAILED}
 
 
 def _create(stack: Stack, cron: str, handler: str, payload: Any = None, **policies: Any) -> str:
-    s = stack.api.CreateSchedule(
-        scheduler_service_pb2.CreateScheduleRequest(
-            schedule=schedule_pb2.Schedule(
-                name=f"policy-{cron}",
-                handler=handler,
-                payload=json.dumps(payload).encode() if payload is not None else b"",
-                spec=schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression=cron)),
-                policies=schedule_pb2.SchedulePolicies(**policies),
-            )
-        ),
-        timeout=10,
-    )
-    return s.id
-
-
-def _runs(stack: Stack, sid: str) -> list[schedule_pb2.Run]:
-    resp = stack.api.ListRuns(
-        scheduler_service_pb2.ListRunsRequest(schedule_id=sid, page_size=1000), timeout=10
-    )
-    return sorted(resp.runs, key=lambda r: (r.scheduled_for.ToDatetime(), r.run_id))
-
-
-def _t(ts: Any) -> datetime:
-    return ts.ToDatetime(tzinfo=UTC)  # type: ignore[no-any-return]
-
-
-def _pause(stack: Stack, sid: str) -> None:
-    stack.api.PauseSchedule(scheduler_service_pb2.PauseScheduleRequest(id=sid), timeout=10)
+    """A schedule on ``cron`` named after it, with ``policies``; returns its id."""
+    return create_with_policies(
+        stack,
+        name=f"policy-{cron}",
+        handler=handler,
+        spec=cron_spec(cron),
+        payload=payload,
+        **policies,
+    ).id
 
 
 def _wait_finished(stack: Stack, sid: str, timeout: float = 20) -> list[schedule_pb2.Run]:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = _runs(stack, sid)
-        if all(r.status in (SUCCEEDED, SKIPPED) for r in runs) or time.monotonic() > deadline:
-            return runs
-        time.sleep(0.5)
+    """The runs once all have SUCCEEDED or been SKIPPED, or as they are after ``timeout`` s."""
+    return wait_for_runs(
+        stack,
+        sid,
+        lambda rs: all(r.status in (SUCCEEDED, SKIPPED) for r in rs),
+        timeout,
+        order="slot_id",
+        poll=0.5,
+        fail=False,
+    )
 
 
 def _assert_no_overlap(executed: list[schedule_pb2.Run]) -> None:
-    by_start = sorted(executed, key=lambda r: _t(r.start_time))
+    by_start = sorted(executed, key=lambda r: dt(r.start_time))
     for prev, nxt in itertools.pairwise(by_start):
-        assert _t(nxt.start_time) >= _t(prev.finish_time) - timedelta(milliseconds=50), (
+        assert dt(nxt.start_time) >= dt(prev.finish_time) - timedelta(milliseconds=50), (
             f"{nxt.run_id} started before {prev.run_id} finished"
         )
 
@@ -80,7 +73,7 @@ def test_overlap_skip_allow_and_buffer_one(stack: Stack) -> None:
     )
     time.sleep(13)
     for sid in (skip, allow, buffer):
-        _pause(stack, sid)
+        pause_schedule(stack, sid)
     time.sleep(1)
 
     runs = _wait_finished(stack, skip)
@@ -92,15 +85,15 @@ def test_overlap_skip_allow_and_buffer_one(stack: Stack) -> None:
 
     runs = _wait_finished(stack, allow)
     assert not [r for r in runs if r.status == SKIPPED]
-    done = sorted((r for r in runs if r.status == SUCCEEDED), key=lambda r: _t(r.start_time))
-    assert any(_t(b.start_time) < _t(a.finish_time) for a, b in itertools.pairwise(done)), (
+    done = sorted((r for r in runs if r.status == SUCCEEDED), key=lambda r: dt(r.start_time))
+    assert any(dt(b.start_time) < dt(a.finish_time) for a, b in itertools.pairwise(done)), (
         "ALLOW runs never overlapped"
     )
 
     runs = _wait_finished(stack, buffer, timeout=30)
     executed = [r for r in runs if r.status == SUCCEEDED]
     _assert_no_overlap(executed)
-    held = [r for r in executed if _t(r.start_time) - _t(r.scheduled_for) > timedelta(seconds=1)]
+    held = [r for r in executed if dt(r.start_time) - dt(r.scheduled_for) > timedelta(seconds=1)]
     assert held, "no run was held back behind a running one"
     assert all(r.skip_reason == "overlap" for r in runs if r.status == SKIPPED)
 
@@ -127,15 +120,15 @@ def test_misfire_policies_after_the_dispatchers_were_down(stack: Stack) -> None:
     stack.start("dispatcher", "dispatcher")
     time.sleep(6)
     for sid in ids.values():
-        _pause(stack, sid)
+        pause_schedule(stack, sid)
     time.sleep(1.5)
 
     # Slots that were certainly missed: due after the stop, well before the restart.
     lo, hi = stopped + timedelta(seconds=1.5), restarted - timedelta(seconds=1)
     for policy, sid in ids.items():
         runs = _wait_finished(stack, sid)
-        window = [r for r in runs if lo <= _t(r.scheduled_for) <= hi and "~" not in r.run_id]
-        seconds = {_t(r.scheduled_for).replace(microsecond=0) for r in window}
+        window = [r for r in runs if lo <= dt(r.scheduled_for) <= hi and "~" not in r.run_id]
+        seconds = {dt(r.scheduled_for).replace(microsecond=0) for r in window}
         expected = {
             lo.replace(microsecond=0) + timedelta(seconds=i + 1)
             for i in range(int((hi - lo).total_seconds()) - 1)
@@ -150,6 +143,6 @@ def test_misfire_policies_after_the_dispatchers_were_down(stack: Stack) -> None:
             assert not skipped and ran, f"FIRE_ALL skipped {len(skipped)}"
         else:
             assert not ran and skipped, f"{policy}: {len(ran)} missed slots ran"
-        after = [r for r in runs if _t(r.scheduled_for) > hi and r.status == SUCCEEDED]
+        after = [r for r in runs if dt(r.scheduled_for) > hi and r.status == SUCCEEDED]
         if policy == "FIRE_ONCE":
             assert after, "FIRE_ONCE: no run stood for the missed slots"

@@ -6,39 +6,33 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from scheduler.timespec import jitter_offset
 from tests.e2e.conftest import Stack
+from tests.e2e.support import (
+    SKIPPED,
+    SUCCEEDED,
+    create_schedule,
+    cron_spec,
+    delete_schedule,
+    dt,
+    dur,
+    get_schedule,
+    list_runs,
+    ts,
+    wait_for_runs,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-SKIPPED = schedule_pb2.RUN_STATUS_SKIPPED
-SUCCEEDED = schedule_pb2.RUN_STATUS_SUCCEEDED
-
-
-def _ts(t: datetime) -> Timestamp:
-    out = Timestamp()
-    out.FromDatetime(t)
-    return out
-
-
-def _dur(d: timedelta) -> Duration:
-    out = Duration()
-    out.FromTimedelta(d)
-    return out
-
-
-def _at(t: Timestamp) -> datetime:
-    return t.ToDatetime(tzinfo=UTC)
+FIVE_MINUTELY = "*/5 * * * *"
 
 
 def _whole_second(delay: float) -> datetime:
@@ -53,72 +47,33 @@ def _create(
     sid: str = "",
     **spec: Any,
 ) -> schedule_pb2.Schedule:
+    """An ``e2e.record`` schedule on ``expr`` (more ScheduleSpec fields in ``spec``), named by
+    its id (a fresh ``sp-...`` one unless ``sid`` is given)."""
     sid = sid or f"sp-{uuid.uuid4().hex[:10]}"
-    schedule = schedule_pb2.Schedule(
+    return create_schedule(
+        stack,
+        sid,
         name=sid,
         handler="e2e.record",
-        spec=schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression=expr), **spec),
+        spec=cron_spec(expr, **spec),
         policies=policies,
-    )
-    return stack.api.CreateSchedule(
-        scheduler_service_pb2.CreateScheduleRequest(schedule=schedule, schedule_id=sid), timeout=10
-    )
-
-
-def _runs(stack: Stack, schedule_id: str) -> list[schedule_pb2.Run]:
-    resp = stack.api.ListRuns(
-        scheduler_service_pb2.ListRunsRequest(schedule_id=schedule_id, page_size=1000), timeout=10
-    )
-    return sorted(resp.runs, key=lambda r: _at(r.scheduled_for))
-
-
-def _wait(
-    stack: Stack,
-    schedule_id: str,
-    done: Callable[[list[schedule_pb2.Run]], bool],
-    timeout: float,
-    what: str,
-) -> list[schedule_pb2.Run]:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = _runs(stack, schedule_id)
-        if done(runs):
-            return runs
-        if time.monotonic() > deadline:
-            seen = [(r.run_id, schedule_pb2.RunStatus.Name(r.status), r.skip_reason) for r in runs]
-            pytest.fail(
-                f"{what}: not after {timeout} s; runs of {schedule_id}: {seen}"
-                f"\n--- dispatcher\n{stack.tail('dispatcher')}"
-            )
-        time.sleep(0.2)
-
-
-def _get(stack: Stack, schedule_id: str) -> schedule_pb2.Schedule:
-    return stack.api.GetSchedule(
-        scheduler_service_pb2.GetScheduleRequest(id=schedule_id), timeout=10
     )
 
 
 def _wait_state(
     stack: Stack, schedule_id: str, state: schedule_pb2.ScheduleState.ValueType, timeout: float
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while _get(stack, schedule_id).state != state:
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"{schedule_id} not {schedule_pb2.ScheduleState.Name(state)} in {timeout} s"
-            )
-        time.sleep(0.2)
+    wait_until(
+        stack,
+        lambda: get_schedule(stack, schedule_id).state == state,
+        timeout,
+        f"{schedule_id} {schedule_pb2.ScheduleState.Name(state)}",
+        poll=0.2,
+    )
 
 
 def _fired(runs: list[schedule_pb2.Run]) -> list[schedule_pb2.Run]:
     return [r for r in runs if r.status != SKIPPED and not r.manual]
-
-
-def _stop(stack: Stack, schedule_id: str) -> None:
-    stack.api.DeleteSchedule(
-        scheduler_service_pb2.DeleteScheduleRequest(id=schedule_id), timeout=10
-    )
 
 
 def test_preview_of_a_jittered_schedule_is_what_fires(stack: Stack) -> None:
@@ -129,60 +84,61 @@ def test_preview_of_a_jittered_schedule_is_what_fires(stack: Stack) -> None:
         for sid in (f"jit-{uuid.uuid4().hex[:10]}" for _ in range(1000))
         if timedelta(milliseconds=600) < jitter_offset(sid, window) < timedelta(milliseconds=1400)
     )
-    s = _create(stack, "*/2 * * * * *", sid=sid, jitter=_dur(window))
+    s = _create(stack, "*/2 * * * * *", sid=sid, jitter=dur(window))
     preview = stack.api.PreviewSchedule(
         scheduler_service_pb2.PreviewScheduleRequest(id=s.id, count=4), timeout=10
     )
-    previewed = [_at(f.utc) for f in preview.fire_times]
+    previewed = [dt(f.utc) for f in preview.fire_times]
     assert len(previewed) == 4
     offset = jitter_offset(s.id, window)
     for t in previewed:
         slot = t - offset
         assert slot.microsecond == 0 and slot.second % 2 == 0, (t, offset)
-    assert previewed[0] == _at(s.next_fire_time)
+    assert previewed[0] == dt(s.next_fire_time)
     assert all(f.local.endswith("+00:00") and f.note == "" for f in preview.fire_times)
 
-    runs = _wait(
+    runs = wait_for_runs(
         stack,
         s.id,
-        lambda rs: any(_at(r.scheduled_for) >= previewed[-1] for r in rs),
+        lambda rs: any(dt(r.scheduled_for) >= previewed[-1] for r in rs),
         timeout=(previewed[-1] - datetime.now(UTC)).total_seconds() + 8,
         what="the last previewed time fired",
+        order="slot",
     )
-    _stop(stack, s.id)
-    upto = [r for r in runs if _at(r.scheduled_for) <= previewed[-1]]
-    assert [_at(r.scheduled_for) for r in upto] == previewed
+    delete_schedule(stack, s.id)
+    upto = [r for r in runs if dt(r.scheduled_for) <= previewed[-1]]
+    assert [dt(r.scheduled_for) for r in upto] == previewed
     assert all(r.status != SKIPPED for r in upto)
-    lags = [(_at(r.enqueue_time) - _at(r.scheduled_for)).total_seconds() for r in upto]
+    lags = [(dt(r.enqueue_time) - dt(r.scheduled_for)).total_seconds() for r in upto]
     print(f"jittered */2s (offset {offset}): enqueue lag max {max(lags):.3f} s over {len(lags)}")
     assert max(lags) < 2.0
 
 
 def test_nothing_fires_before_the_start_bound(stack: Stack) -> None:
     start = _whole_second(4)
-    s = _create(stack, "* * * * * *", start_time=_ts(start))
-    assert _at(s.next_fire_time) == start
+    s = _create(stack, "* * * * * *", start_time=ts(start))
+    assert dt(s.next_fire_time) == start
     preview = stack.api.PreviewSchedule(
         scheduler_service_pb2.PreviewScheduleRequest(id=s.id, count=2), timeout=10
     )
-    assert [_at(f.utc) for f in preview.fire_times] == [start, start + timedelta(seconds=1)]
-    runs = _wait(stack, s.id, lambda rs: len(_fired(rs)) >= 2, timeout=12, what="two runs")
-    _stop(stack, s.id)
-    assert min(_at(r.scheduled_for) for r in runs) == start
+    assert [dt(f.utc) for f in preview.fire_times] == [start, start + timedelta(seconds=1)]
+    runs = wait_for_runs(stack, s.id, lambda rs: len(_fired(rs)) >= 2, timeout=12, what="two runs")
+    delete_schedule(stack, s.id)
+    assert min(dt(r.scheduled_for) for r in runs) == start
 
 
 def test_end_bound_fires_until_the_end_then_completes(stack: Stack) -> None:
     end = _whole_second(4)
-    s = _create(stack, "* * * * * *", end_time=_ts(end))
+    s = _create(stack, "* * * * * *", end_time=ts(end))
     _wait_state(stack, s.id, schedule_pb2.SCHEDULE_STATE_COMPLETED, timeout=15)
-    runs = _wait(
-        stack, s.id, lambda rs: any(_at(r.scheduled_for) == end for r in rs), 5, "the end slot"
+    runs = wait_for_runs(
+        stack, s.id, lambda rs: any(dt(r.scheduled_for) == end for r in rs), 5, "the end slot"
     )
-    fired = [_at(r.scheduled_for) for r in _fired(runs)]
+    fired = [dt(r.scheduled_for) for r in _fired(runs)]
     assert max(fired) == end
     assert 3 <= len(fired) <= 5, fired
     time.sleep(2)
-    assert len(_runs(stack, s.id)) == len(runs), "a completed schedule fired"
+    assert len(list_runs(stack, s.id)) == len(runs), "a completed schedule fired"
     preview = stack.api.PreviewSchedule(
         scheduler_service_pb2.PreviewScheduleRequest(id=s.id), timeout=10
     )
@@ -199,7 +155,7 @@ def test_max_runs_fires_exactly_that_many_then_completes(stack: Stack) -> None:
     assert len(preview.fire_times) == 3
     _wait_state(stack, s.id, schedule_pb2.SCHEDULE_STATE_COMPLETED, timeout=15)
     time.sleep(2.5)
-    runs = _runs(stack, s.id)
+    runs = list_runs(stack, s.id, order="slot")
     fired = _fired(runs)
     assert len(fired) == 3, [(r.run_id, r.status) for r in runs]
     assert [r.scheduled_for for r in fired] == [f.utc for f in preview.fire_times]
@@ -211,7 +167,7 @@ def _pause_wait_resume(
     """A `* * * * * *` schedule paused for ~4 s, then resumed with ``override``: returns the
     schedule, its missed slots, and its runs once the resume's catch-up has settled."""
     s = _create(stack, "* * * * * *")
-    _wait(stack, s.id, lambda rs: len(rs) >= 1, 10, "a first run")
+    wait_for_runs(stack, s.id, lambda rs: len(rs) >= 1, 10, "a first run")
     paused = stack.api.PauseSchedule(
         scheduler_service_pb2.PauseScheduleRequest(id=s.id, note="misfire test"), timeout=10
     )
@@ -221,7 +177,7 @@ def _pause_wait_resume(
         timeout=10,
     )
     assert resumed.state == schedule_pb2.SCHEDULE_STATE_ACTIVE
-    pause_time, resume_time = _at(paused.pause_time), _at(resumed.update_time)
+    pause_time, resume_time = dt(paused.pause_time), dt(resumed.update_time)
     first = pause_time.replace(microsecond=0) + timedelta(seconds=1)
     missed = []
     while first <= resume_time:
@@ -231,39 +187,35 @@ def _pause_wait_resume(
 
     # Settled: the first live slot after the resume has finished, so any catch-up has too.
     def settled(rs: list[schedule_pb2.Run]) -> bool:
-        live = any(_at(r.scheduled_for) > resume_time and r.status == SUCCEEDED for r in rs)
-        done = [
-            r for r in rs if _at(r.scheduled_for) in missed and r.status in (SKIPPED, SUCCEEDED)
-        ]
+        live = any(dt(r.scheduled_for) > resume_time and r.status == SUCCEEDED for r in rs)
+        done = [r for r in rs if dt(r.scheduled_for) in missed and r.status in (SKIPPED, SUCCEEDED)]
         return live and len(done) == len(missed)
 
-    runs = _wait(stack, s.id, settled, timeout=15, what="missed slots settled after the resume")
-    _stop(stack, s.id)
-    return s, missed, [r for r in runs if _at(r.scheduled_for) in missed]
+    runs = wait_for_runs(
+        stack, s.id, settled, timeout=15, what="missed slots settled after the resume", order="slot"
+    )
+    delete_schedule(stack, s.id)
+    return s, missed, [r for r in runs if dt(r.scheduled_for) in missed]
 
 
 def test_resume_with_misfire_skip_records_every_paused_slot(stack: Stack) -> None:
     _s, missed, runs = _pause_wait_resume(stack, schedule_pb2.MISFIRE_POLICY_SKIP)
-    assert [_at(r.scheduled_for) for r in runs] == missed
+    assert [dt(r.scheduled_for) for r in runs] == missed
     assert all(r.status == SKIPPED and r.skip_reason == "paused" for r in runs), runs
     assert not any(r.worker_id for r in runs), "a skipped slot ran"
 
 
 def test_resume_with_fire_once_runs_the_latest_missed_slot(stack: Stack) -> None:
     _s, missed, runs = _pause_wait_resume(stack, schedule_pb2.MISFIRE_POLICY_FIRE_ONCE)
-    assert [_at(r.scheduled_for) for r in runs] == missed
+    assert [dt(r.scheduled_for) for r in runs] == missed
     assert [r.status for r in runs] == [SKIPPED] * (len(missed) - 1) + [SUCCEEDED]
     assert all(r.skip_reason == "paused" for r in runs[:-1])
 
 
 def test_resume_with_fire_all_runs_every_missed_slot(stack: Stack) -> None:
     _s, missed, runs = _pause_wait_resume(stack, schedule_pb2.MISFIRE_POLICY_FIRE_ALL)
-    assert [_at(r.scheduled_for) for r in runs] == missed
+    assert [dt(r.scheduled_for) for r in runs] == missed
     assert all(r.status == SUCCEEDED for r in runs), runs
-
-
-def _cron_spec(expr: str = "*/5 * * * *", **spec: Any) -> schedule_pb2.ScheduleSpec:
-    return schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression=expr), **spec)
 
 
 def _bad_policies(**fields: Any) -> schedule_pb2.SchedulePolicies:
@@ -274,9 +226,10 @@ BAD = [
     (
         "end before start",
         dict(
-            spec=_cron_spec(
-                start_time=_ts(datetime.now(UTC) + timedelta(days=2)),
-                end_time=_ts(datetime.now(UTC) + timedelta(days=1)),
+            spec=cron_spec(
+                FIVE_MINUTELY,
+                start_time=ts(datetime.now(UTC) + timedelta(days=2)),
+                end_time=ts(datetime.now(UTC) + timedelta(days=1)),
             )
         ),
         "schedule.spec.end_time",
@@ -284,26 +237,31 @@ BAD = [
     ),
     (
         "jitter longer than the period",
-        dict(spec=_cron_spec(jitter=_dur(timedelta(minutes=6)))),
+        dict(spec=cron_spec(FIVE_MINUTELY, jitter=dur(timedelta(minutes=6)))),
         "schedule.spec.jitter",
         "shortest period 5m",
     ),
     (
         "negative jitter",
-        dict(spec=_cron_spec(jitter=_dur(timedelta(seconds=-1)))),
+        dict(spec=cron_spec(FIVE_MINUTELY, jitter=dur(timedelta(seconds=-1)))),
         "schedule.spec.jitter",
         "negative",
     ),
-    ("negative max_runs", dict(spec=_cron_spec(max_runs=-3)), "schedule.spec.max_runs", "-3"),
+    (
+        "negative max_runs",
+        dict(spec=cron_spec(FIVE_MINUTELY, max_runs=-3)),
+        "schedule.spec.max_runs",
+        "-3",
+    ),
     (
         "unknown overlap policy",
-        dict(spec=_cron_spec(), policies=_bad_policies(overlap=9)),
+        dict(spec=cron_spec(FIVE_MINUTELY), policies=_bad_policies(overlap=9)),
         "schedule.policies.overlap",
         "unknown overlap policy 9",
     ),
     (
         "unknown misfire policy",
-        dict(spec=_cron_spec(), policies=_bad_policies(misfire=7)),
+        dict(spec=cron_spec(FIVE_MINUTELY), policies=_bad_policies(misfire=7)),
         "schedule.policies.misfire",
         "unknown misfire policy 7",
     ),
@@ -322,7 +280,9 @@ BAD = [
     ),
     (
         "catch-up window zero",
-        dict(spec=_cron_spec(), policies=_bad_policies(catch_up_window=_dur(timedelta(0)))),
+        dict(
+            spec=cron_spec(FIVE_MINUTELY), policies=_bad_policies(catch_up_window=dur(timedelta(0)))
+        ),
         "schedule.policies.catch_up_window",
         "positive",
     ),
@@ -330,7 +290,7 @@ BAD = [
         "interval below 1s",
         dict(
             spec=schedule_pb2.ScheduleSpec(
-                interval=schedule_pb2.IntervalSpec(every=_dur(timedelta(milliseconds=500)))
+                interval=schedule_pb2.IntervalSpec(every=dur(timedelta(milliseconds=500)))
             )
         ),
         "schedule.spec.interval.every",
@@ -357,31 +317,31 @@ def test_bad_spec_and_policies_are_refused_and_nothing_is_stored(
     assert message.startswith(field + ":"), message
     assert detail in message, message
     with pytest.raises(grpc.RpcError) as gone:
-        _get(stack, sid)
+        get_schedule(stack, sid)
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_preview_bad_input(stack: Stack) -> None:
     cases: list[tuple[scheduler_service_pb2.PreviewScheduleRequest, grpc.StatusCode, str]] = [
         (
-            scheduler_service_pb2.PreviewScheduleRequest(spec=_cron_spec(), count=-1),
+            scheduler_service_pb2.PreviewScheduleRequest(spec=cron_spec(FIVE_MINUTELY), count=-1),
             grpc.StatusCode.INVALID_ARGUMENT,
             "count:",
         ),
         (
-            scheduler_service_pb2.PreviewScheduleRequest(spec=_cron_spec(), count=1001),
+            scheduler_service_pb2.PreviewScheduleRequest(spec=cron_spec(FIVE_MINUTELY), count=1001),
             grpc.StatusCode.INVALID_ARGUMENT,
             "count:",
         ),
         (
             scheduler_service_pb2.PreviewScheduleRequest(
-                spec=_cron_spec(jitter=_dur(timedelta(hours=1)))
+                spec=cron_spec(FIVE_MINUTELY, jitter=dur(timedelta(hours=1)))
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "spec.jitter:",
         ),
         (
-            scheduler_service_pb2.PreviewScheduleRequest(spec=_cron_spec("0 25 * * *")),
+            scheduler_service_pb2.PreviewScheduleRequest(spec=cron_spec("0 25 * * *")),
             grpc.StatusCode.INVALID_ARGUMENT,
             "spec.cron.expression:",
         ),
@@ -466,4 +426,4 @@ def test_cli_create_with_policies_and_resume_override(stack: Stack) -> None:
         local = datetime.fromisoformat(entry["local"])
         assert local == utc
         assert (local - offset).astimezone(local.tzinfo).strftime("%H:%M:%S") == "03:00:00"
-    _stop(stack, sid)
+    delete_schedule(stack, sid)
