@@ -56,6 +56,7 @@ class ShardProgress:
     # checkpoint may pass it: what was not read cannot have fired.
     read_until: datetime | None = None
     last_flush: float = 0.0
+    last_prune: float = 0.0
 
     def after(self, bucket: int) -> Position:
         return self.checkpoints.get(bucket, (epoch_start(), ""))
@@ -75,9 +76,11 @@ class WheelScanner:
         batch: int = 1000,
         per_shard_limit: int = 1000,
         shards_per_query: int = 32,
-        checkpoint_every: timedelta = timedelta(seconds=1),
+        checkpoint_every: timedelta = timedelta(seconds=2),
+        coalesce: timedelta = timedelta(milliseconds=25),
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
+        self._coalesce = coalesce.total_seconds()
         self._store = store
         self._on_due = on_due
         self._tick = tick.total_seconds()
@@ -136,7 +139,10 @@ class WheelScanner:
             (t.fire_time for p in self.shards.values() for t in p.pending.values()), default=None
         )
         if earliest is not None:
-            wait = min(wait, (earliest - self._clock()).total_seconds())
+            # Timers due within ``coalesce`` of each other go out as one batch: one schedule
+            # read, one write round and one produce for all of them, not one per timer.
+            due_in = max((earliest - self._clock()).total_seconds(), self._coalesce)
+            wait = min(wait, due_in)
         self._wake.clear()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
@@ -268,5 +274,12 @@ class WheelScanner:
             for b in range(p.done_through + 1, finished + 1):
                 p.checkpoints.pop(b, None)
             p.done_through = finished
-        floor = min((p.after(b) for b in range(p.done_through + 1, current + 2)), default=horizon)
-        p.handed = {pos for pos in p.handed if pos > floor}
+        if mono - p.last_prune >= 1.0:
+            # A handed timer is forgotten once its bucket's checkpoint has passed it (a re-read
+            # starts after the checkpoint) or its bucket is finished.
+            p.handed = {
+                pos
+                for pos in p.handed
+                if minute_bucket(pos[0]) > p.done_through and pos > p.after(minute_bucket(pos[0]))
+            }
+            p.last_prune = mono

@@ -153,7 +153,7 @@ class CassandraScheduleStore:
 
     async def update(self, s: Schedule, *, expected_version: int) -> tuple[bool, int | None]:
         """Replaces the client-set fields of ``s`` (name, handler, spec, payload, max runtime,
-        policies) with its state, version, generation, update and next fire times: a
+        policies, after) with its state, version, generation, update and next fire times: a
         compare-and-set on ``expected_version``. Returns (applied, the stored version when a
         concurrent change won, None if the schedule is gone)."""
         applied, current = await execute_conditional(
@@ -166,6 +166,7 @@ class CassandraScheduleStore:
                 s.payload,
                 int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
                 s.policies.to_json(),
+                set(s.after) or None,
                 s.state.value,
                 s.version,
                 s.generation,

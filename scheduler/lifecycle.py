@@ -62,7 +62,8 @@ class Lifecycle:
         """Replaces name, handler, spec, payload, max runtime and policies of a schedule.
 
         ``version`` is the version the caller read: anything else is ABORTED and nothing is
-        written. The tenant, the dependencies (``after``) and the pause note are kept. An
+        written. ``after`` is replaced too (checked for unknown, foreign and cyclic upstreams
+        first; reverse edges follow after the write). The tenant and the pause note are kept. An
         ACTIVE (or COMPLETED) schedule becomes ACTIVE on the new spec: its first timer is put
         under a new generation before the compare-and-set, so the old spec's pending timer is
         superseded and never fires. A PAUSED schedule stays PAUSED and gets no timer (resume
@@ -85,11 +86,13 @@ class Lifecycle:
             payload=draft.payload,
             max_runtime=draft.max_runtime,
             policies=draft.policies,
+            after=draft.after,
             version=s.version + 1,
             generation=new_generation(),
             update_time=now,
         )
         validate_schedule(updated, now)
+        await svc.dependencies.validate(updated)
         if s.state is ScheduleState.PAUSED:
             updated = replace(updated, next_fire_time=None)
         else:
@@ -117,6 +120,8 @@ class Lifecycle:
             if current is None:
                 raise NotFound(f"schedule {schedule_id!r} not found")
             raise stale_version(version, current)
+        if updated.after != s.after:
+            await svc.dependencies.relink(schedule_id, s.after, updated.after)
         logger.info(
             "updated schedule %s to version %d",
             schedule_id,

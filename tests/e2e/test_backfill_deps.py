@@ -24,6 +24,7 @@ from tests.e2e.support import (
     cron_spec,
     delete_schedule,
     dt,
+    get_schedule,
     json_payload,
     list_runs,
     pause_schedule,
@@ -433,3 +434,32 @@ def test_cli_backfill_deps_and_create_after(stack: Stack) -> None:
     assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr
     stack.cli("schedule", "delete", "cli-dep-down", check=True)
     stack.cli("schedule", "delete", "cli-dep-up", check=True)
+
+
+def test_update_replaces_after_and_refuses_a_cycle(stack: Stack) -> None:
+    x = create_schedule(stack, "dep-upd-x", name="x", handler="echo", spec=cron_spec("0 0 1 1 *"))
+    # y fires on its own times too, so it stays valid once its dependency is dropped.
+    y = create_schedule(
+        stack, "dep-upd-y", name="y", handler="echo", spec=cron_spec("0 0 1 1 *"), after=[x.id]
+    )
+    assert _edges(stack, x.id) == {(x.id, y.id)}
+
+    def update(s: schedule_pb2.Schedule, after: list[str]) -> schedule_pb2.Schedule:
+        changed = schedule_pb2.Schedule()
+        changed.CopyFrom(get_schedule(stack, s.id))
+        del changed.after[:]
+        changed.after.extend(after)
+        return stack.api.UpdateSchedule(
+            scheduler_service_pb2.UpdateScheduleRequest(schedule=changed), timeout=10
+        )
+
+    # x after y would close the loop x -> y -> x: refused, nothing changed.
+    err = refusal(lambda: update(x, [y.id]))
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details.startswith("schedule.after: cycle"), err.details
+    assert list(get_schedule(stack, x.id).after) == []
+    # Dropping the dependency removes the edge.
+    update(y, [])
+    assert _edges(stack, x.id) == set()
+    delete_schedule(stack, x.id)
+    delete_schedule(stack, y.id)
