@@ -12,13 +12,14 @@ import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
 from scheduler.cli import backfills, lifecycle, processes, schedules
 from scheduler.cli import preview as preview_cmd
 from scheduler.cli.build import (
+    MISFIRES,
     parse_at,
     parse_choice,
     parse_duration,
@@ -87,6 +88,8 @@ def _parser(
     parents: Sequence[argparse.ArgumentParser] = (),
     **kwargs: Any,
 ) -> argparse.ArgumentParser:
+    if "epilog" in kwargs:  # examples, laid out by hand
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
     return sub.add_parser(
         name,
         help=summary,
@@ -97,14 +100,19 @@ def _parser(
     )
 
 
+def _add_api_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--api", metavar="HOST:PORT", default=default_api(), help=help)
+
+
+def _add_log_level_option(p: argparse.ArgumentParser, *, default: str, help: str) -> None:
+    p.add_argument(
+        "--log-level", default=default, type=str.upper, choices=LEVELS, metavar="LEVEL", help=help
+    )
+
+
 def _api_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument(
-        "--api",
-        metavar="HOST:PORT",
-        default=default_api(),
-        help="the cronscale API (default: $CRONSCALE_API, else 127.0.0.1:50051)",
-    )
+    _add_api_option(p, "the cronscale API (default: $CRONSCALE_API, else 127.0.0.1:50051)")
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
@@ -118,14 +126,7 @@ def _api_options() -> argparse.ArgumentParser:
 
 def _log_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=LEVELS,
-        metavar="LEVEL",
-        help="the lowest level logged (default: INFO)",
-    )
+    _add_log_level_option(p, default="INFO", help="the lowest level logged (default: INFO)")
     p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     return p
 
@@ -139,6 +140,24 @@ def _rpc(command: RpcCommand) -> Callable[[argparse.Namespace], int]:
             return 1
 
     return run
+
+
+def _rpc_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    parents: Sequence[argparse.ArgumentParser],
+    command: RpcCommand,
+    *positionals: str,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """A leaf running ``command`` over RPC, with the positional arguments ``positionals``
+    (``run_id`` shows as RUN_ID)."""
+    p = _parser(sub, name, summary, parents, **kwargs)
+    for dest in positionals:
+        p.add_argument(dest, metavar=dest.upper())
+    p.set_defaults(run=_rpc(command))
+    return p
 
 
 def _add_page_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -156,6 +175,58 @@ def _add_page_options(p: argparse.ArgumentParser, what: str) -> None:
         help="continue from a previous page's next_page_token",
     )
     p.add_argument("--all", action="store_true", help="follow next_page_token to the last page")
+
+
+class _FieldHelp(NamedTuple):
+    """The help texts of the options :func:`_add_schedule_fields` adds."""
+
+    name: str
+    handler: str
+    cron: str
+    at: str
+    every: str
+    tz: str
+    payload: str
+    max_runtime: str
+
+
+_CREATE_HELP = _FieldHelp(
+    name="a human name",
+    handler="the handler the worker runs, e.g. echo",
+    cron="5 fields (m h dom mon dow), 6 with seconds first, or a macro like @daily",
+    at="fire once at this instant; needs a UTC offset, e.g. 2026-12-02T15:00:00Z",
+    every="fire at this interval from now, e.g. 90s, 5m, 1h30m",
+    tz="IANA zone the --cron expression is evaluated in (default UTC)",
+    payload="JSON handed to the handler (sent as UTF-8 bytes)",
+    max_runtime="run timeout the worker enforces, in seconds (or 5m, 1h)",
+)
+
+_UPDATE_HELP = _FieldHelp(
+    name="a new human name",
+    handler="a new handler name",
+    cron="a new cron expression",
+    at="fire once at this instant instead",
+    every="fire at this interval from now instead, e.g. 90s, 5m",
+    tz="the IANA zone of the (new or stored) cron expression",
+    payload="a new JSON payload",
+    max_runtime="a new run timeout, in seconds (or 5m, 1h)",
+)
+
+
+def _add_schedule_fields(p: argparse.ArgumentParser, help: _FieldHelp, *, required: bool) -> None:
+    """``--name --handler (--cron | --at | --every) --tz --payload --max-runtime``: the fields
+    of :class:`scheduler.cli.build.ScheduleFields` plus name and handler (``required`` ones
+    for create). --cron/--at/--every exclude each other but none is required here: a schedule
+    with --after alone runs only after its upstreams succeed."""
+    p.add_argument("--name", required=required, help=help.name)
+    p.add_argument("--handler", required=required, help=help.handler)
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--cron", metavar="EXPR", help=help.cron)
+    when.add_argument("--at", metavar="ISO8601", type=parse_at, help=help.at)
+    when.add_argument("--every", metavar="DURATION", type=parse_duration, help=help.every)
+    p.add_argument("--tz", metavar="ZONE", help=help.tz)
+    p.add_argument("--payload", metavar="JSON", type=parse_payload, help=help.payload)
+    p.add_argument("--max-runtime", metavar="SECONDS", type=parse_seconds, help=help.max_runtime)
 
 
 def _check_create(args: argparse.Namespace) -> str | None:
@@ -184,107 +255,64 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched = schedule.add_subparsers(dest="schedule_command", metavar="SUBCOMMAND", required=True)
 
-    create = _parser(
-        sched,
-        "create",
-        "register a new schedule",
-        [api],
-        epilog=_CREATE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    create = _rpc_command(
+        sched, "create", "register a new schedule", [api], schedules.create, epilog=_CREATE_EPILOG
     )
-    create.add_argument("--name", required=True, help="a human name")
-    create.add_argument("--handler", required=True, help="the handler the worker runs, e.g. echo")
-    # Not required: a schedule with --after alone runs only after its upstreams succeed.
-    when = create.add_mutually_exclusive_group()
-    when.add_argument(
-        "--cron",
-        metavar="EXPR",
-        help="5 fields (m h dom mon dow), 6 with seconds first, or a macro like @daily",
-    )
-    when.add_argument(
-        "--at",
-        metavar="ISO8601",
-        type=parse_at,
-        help="fire once at this instant; needs a UTC offset, e.g. 2026-12-02T15:00:00Z",
-    )
-    when.add_argument(
-        "--every",
-        metavar="DURATION",
-        type=parse_duration,
-        help="fire at this interval from now, e.g. 90s, 5m, 1h30m",
-    )
-    create.add_argument(
-        "--tz", metavar="ZONE", help="IANA zone the --cron expression is evaluated in (default UTC)"
-    )
-    create.add_argument(
-        "--payload",
-        metavar="JSON",
-        type=parse_payload,
-        help="JSON handed to the handler (sent as UTF-8 bytes)",
-    )
-    create.add_argument(
-        "--max-runtime",
-        metavar="SECONDS",
-        type=parse_seconds,
-        help="run timeout the worker enforces, in seconds (or 5m, 1h)",
-    )
+    _add_schedule_fields(create, _CREATE_HELP, required=True)
     create.add_argument(
         "--id", metavar="ID", help="choose the schedule id (default: server-assigned)"
     )
     add_spec_options(create)
     add_policy_options(create)
     backfills.add_after_option(create)
-    create.set_defaults(run=_rpc(schedules.create), check=_check_create, parser=create)
+    create.set_defaults(check=_check_create, parser=create)
 
-    get = _parser(sched, "get", "show one schedule", [api])
-    get.add_argument("id", metavar="ID")
-    get.set_defaults(run=_rpc(schedules.get))
+    _rpc_command(sched, "get", "show one schedule", [api], schedules.get, "id")
 
-    list_ = _parser(sched, "list", "list schedules", [api])
+    list_ = _rpc_command(sched, "list", "list schedules", [api], schedules.list_schedules)
     _add_page_options(list_, "schedules")
-    list_.set_defaults(run=_rpc(schedules.list_schedules))
 
-    pause = _parser(sched, "pause", "stop firing until resumed (idempotent)", [api])
-    pause.add_argument("id", metavar="ID")
+    pause = _rpc_command(
+        sched, "pause", "stop firing until resumed (idempotent)", [api], schedules.pause, "id"
+    )
     pause.add_argument("--note", default="", metavar="TEXT", help="why; shown by `schedule get`")
     pause.add_argument("--by", metavar="WHO", help="who pauses (default: your user name)")
-    pause.set_defaults(run=_rpc(schedules.pause))
 
-    resume = _parser(sched, "resume", "fire again from the next slot after now", [api])
-    resume.add_argument("id", metavar="ID")
+    resume = _rpc_command(
+        sched, "resume", "fire again from the next slot after now", [api], schedules.resume, "id"
+    )
     resume.add_argument(
         "--misfire",
-        metavar="SKIP|FIRE_ONCE|FIRE_ALL",
+        metavar="|".join(MISFIRES),
         type=parse_choice,
-        choices=["SKIP", "FIRE_ONCE", "FIRE_ALL"],
+        choices=list(MISFIRES),
         help="for the slots missed while paused, instead of the schedule's misfire policy",
     )
-    resume.set_defaults(run=_rpc(schedules.resume))
 
-    delete = _parser(sched, "delete", "delete a schedule (its run history stays)", [api])
-    delete.add_argument("id", metavar="ID")
-    delete.set_defaults(run=_rpc(schedules.delete))
+    _rpc_command(
+        sched, "delete", "delete a schedule (its run history stays)", [api], schedules.delete, "id"
+    )
 
-    preview = _parser(
+    preview = _rpc_command(
         sched,
         "preview",
         "the next fire times of a schedule, or of a cron spec to try (nothing is stored)",
         [api],
+        preview_cmd.preview,
         epilog=_PREVIEW_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     preview_cmd.add_arguments(preview)
-    preview.set_defaults(run=_rpc(preview_cmd.preview), check=preview_cmd.check, parser=preview)
+    preview.set_defaults(check=preview_cmd.check, parser=preview)
 
-    update = _parser(
+    update = _rpc_command(
         sched,
         "update",
         "change a schedule; options not given keep their stored values",
         [api],
+        lifecycle.update,
+        "id",
         epilog=_UPDATE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    update.add_argument("id", metavar="ID")
     update.add_argument(
         "--version",
         required=True,
@@ -292,67 +320,48 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the version you read (`schedule get`); a stale one is refused with ABORTED",
     )
-    update.add_argument("--name", help="a new human name")
-    update.add_argument("--handler", help="a new handler name")
-    new_when = update.add_mutually_exclusive_group()
-    new_when.add_argument("--cron", metavar="EXPR", help="a new cron expression")
-    new_when.add_argument(
-        "--at", metavar="ISO8601", type=parse_at, help="fire once at this instant instead"
-    )
-    new_when.add_argument(
-        "--every",
-        metavar="DURATION",
-        type=parse_duration,
-        help="fire at this interval from now instead, e.g. 90s, 5m",
-    )
-    update.add_argument(
-        "--tz", metavar="ZONE", help="the IANA zone of the (new or stored) cron expression"
-    )
-    update.add_argument("--payload", metavar="JSON", type=parse_payload, help="a new JSON payload")
-    update.add_argument(
-        "--max-runtime",
-        metavar="SECONDS",
-        type=parse_seconds,
-        help="a new run timeout, in seconds (or 5m, 1h)",
-    )
-    update.set_defaults(run=_rpc(lifecycle.update))
+    _add_schedule_fields(update, _UPDATE_HELP, required=False)
 
-    cancel = _parser(sched, "cancel", "stop a schedule for good (no further runs)", [api])
-    cancel.add_argument("id", metavar="ID")
+    cancel = _rpc_command(
+        sched, "cancel", "stop a schedule for good (no further runs)", [api], lifecycle.cancel, "id"
+    )
     cancel.add_argument(
         "--cancel-running",
         action="store_true",
         help="also ask the workers to cancel its runs in progress",
     )
-    cancel.set_defaults(run=_rpc(lifecycle.cancel))
 
-    trigger = _parser(
-        sched, "trigger", "run now with a fresh run id (subject to the overlap policy)", [api]
+    trigger = _rpc_command(
+        sched,
+        "trigger",
+        "run now with a fresh run id (subject to the overlap policy)",
+        [api],
+        lifecycle.trigger,
+        "id",
     )
-    trigger.add_argument("id", metavar="ID")
     trigger.add_argument(
         "--force", action="store_true", help="run even if the overlap policy would not"
     )
-    trigger.set_defaults(run=_rpc(lifecycle.trigger))
 
     backfills.add_schedule_commands(sched, [api], _parser, _rpc)
 
-    runs = _parser(sched, "runs", "list a schedule's runs, newest slot first", [api])
-    runs.add_argument("id", metavar="ID")
+    runs = _rpc_command(
+        sched, "runs", "list a schedule's runs, newest slot first", [api], schedules.list_runs, "id"
+    )
     _add_page_options(runs, "runs")
-    runs.set_defaults(run=_rpc(schedules.list_runs))
 
     # run ...
     run = _parser(commands, "run", "inspect and re-run runs")
     run_cmds = run.add_subparsers(dest="run_command", metavar="SUBCOMMAND", required=True)
-    run_get = _parser(run_cmds, "get", "show one run", [api])
-    run_get.add_argument("run_id", metavar="RUN_ID")
-    run_get.set_defaults(run=_rpc(schedules.get_run))
-    rerun = _parser(
-        run_cmds, "rerun", "run a finished run again (a fresh run id linked to it)", [api]
+    _rpc_command(run_cmds, "get", "show one run", [api], schedules.get_run, "run_id")
+    _rpc_command(
+        run_cmds,
+        "rerun",
+        "run a finished run again (a fresh run id linked to it)",
+        [api],
+        lifecycle.rerun,
+        "run_id",
     )
-    rerun.add_argument("run_id", metavar="RUN_ID")
-    rerun.set_defaults(run=_rpc(lifecycle.rerun))
 
     # backfill ...
     backfills.add_backfill_commands(commands, [api], _parser, _rpc)
@@ -371,13 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     db = _parser(commands, "db", "the Cassandra schema")
     db_cmds = db.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
     migrate = _parser(db_cmds, "migrate", "apply pending schema migrations")
-    migrate.add_argument(
-        "--log-level",
-        default="WARNING",
-        type=str.upper,
-        choices=LEVELS,
-        metavar="LEVEL",
-        help="the lowest level logged (default: WARNING)",
+    _add_log_level_option(
+        migrate, default="WARNING", help="the lowest level logged (default: WARNING)"
     )
     migrate.set_defaults(run=processes.db_migrate, log_json=False)
 
@@ -396,11 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(run=_run_worker, passthrough=True)
 
     dev = _parser(commands, "dev", "run api + dispatcher + worker here, with a demo schedule")
-    dev.add_argument(
-        "--api",
-        metavar="HOST:PORT",
-        default=default_api(),
-        help="where the api listens and is reached (default: $CRONSCALE_API, else 127.0.0.1:50051)",
+    _add_api_option(
+        dev, "where the api listens and is reached (default: $CRONSCALE_API, else 127.0.0.1:50051)"
     )
     dev.add_argument(
         "--no-demo",
@@ -416,14 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--log-dir", metavar="DIR", help="where <name>.log files go (default: <local home>/logs)"
     )
-    dev.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=LEVELS,
-        metavar="LEVEL",
-        help="the processes' log level (default: INFO)",
-    )
+    _add_log_level_option(dev, default="INFO", help="the processes' log level (default: INFO)")
     dev.add_argument(
         "--ready-timeout",
         metavar="SECONDS",

@@ -15,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 
@@ -188,17 +189,63 @@ class PolicyOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CreateArgs:
-    """What ``schedule create`` was given, already parsed; exactly one of cron/at/every is set."""
+class ScheduleFields:
+    """The "when + what" options ``schedule create`` and ``schedule update`` share, parsed.
 
-    name: str
-    handler: str
+    When: at most one of cron/at/every, and the time zone of a cron expression. What: the
+    payload and the run timeout. None means the option was not given.
+    """
+
     cron: str | None = None
     timezone: str | None = None
     at: datetime | None = None
     every: timedelta | None = None
     payload: bytes | None = None
     max_runtime: timedelta | None = None
+
+    @staticmethod
+    def fields_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
+        """These fields from a namespace with ``--cron --tz --at --every --payload
+        --max-runtime``, as keyword arguments."""
+        return {
+            "cron": ns.cron,
+            "timezone": ns.tz,
+            "at": ns.at,
+            "every": ns.every,
+            "payload": ns.payload,
+            "max_runtime": ns.max_runtime,
+        }
+
+    def kind_count(self) -> int:
+        """How many of cron/at/every are set."""
+        return sum(k is not None for k in (self.cron, self.at, self.every))
+
+    def apply_kind(self, spec: schedule_pb2.ScheduleSpec, *, zone: str) -> None:
+        """Replaces the kind of ``spec`` with the one of cron/at/every that is set (if any);
+        a cron expression gets ``zone``."""
+        if self.cron is not None:
+            spec.cron.CopyFrom(schedule_pb2.CronSpec(expression=self.cron, timezone=zone))
+        elif self.at is not None:
+            spec.once.CopyFrom(schedule_pb2.OneShotSpec())
+            spec.once.at.FromDatetime(self.at)
+        elif self.every is not None:
+            spec.interval.CopyFrom(schedule_pb2.IntervalSpec())
+            spec.interval.every.FromTimedelta(self.every)
+
+    def apply_what(self, schedule: schedule_pb2.Schedule) -> None:
+        """Sets the payload and run timeout on ``schedule`` when given."""
+        if self.payload is not None:
+            schedule.payload = self.payload
+        if self.max_runtime is not None:
+            schedule.max_runtime.FromTimedelta(self.max_runtime)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateArgs(ScheduleFields):
+    """What ``schedule create`` was given, already parsed; exactly one of cron/at/every is set."""
+
+    name: str
+    handler: str
     schedule_id: str | None = None
     spec_options: SpecOptions = SpecOptions()
     policies: PolicyOptions = PolicyOptions()
@@ -211,16 +258,11 @@ class CreateArgs:
         return cls(
             name=ns.name,
             handler=ns.handler,
-            cron=ns.cron,
-            timezone=ns.tz,
-            at=ns.at,
-            every=ns.every,
-            payload=ns.payload,
-            max_runtime=ns.max_runtime,
             schedule_id=ns.id,
             spec_options=SpecOptions.from_namespace(ns),
             policies=PolicyOptions.from_namespace(ns),
             after=tuple(getattr(ns, "after", None) or ()),
+            **cls.fields_from_namespace(ns),
         )
 
 
@@ -230,24 +272,15 @@ def build_create_request(args: CreateArgs) -> scheduler_service_pb2.CreateSchedu
     Raises ValueError when not exactly one of cron/at/every is set, or when a time zone is
     given without a cron expression (argparse reports both before this is reached).
     """
-    kinds = [k for k in (args.cron, args.at, args.every) if k is not None]
-    if len(kinds) > 1 or (not kinds and not args.after):
+    kinds = args.kind_count()
+    if kinds > 1 or (not kinds and not args.after):
         raise ValueError("exactly one of cron, at, every must be set (or after)")
     if args.timezone is not None and args.cron is None:
         raise ValueError("a time zone applies only to a cron expression")
 
     schedule = schedule_pb2.Schedule(name=args.name, handler=args.handler)
-    if args.cron is not None:
-        schedule.spec.cron.expression = args.cron
-        schedule.spec.cron.timezone = args.timezone or ""
-    elif args.at is not None:
-        schedule.spec.once.at.FromDatetime(args.at)
-    elif args.every is not None:
-        schedule.spec.interval.every.FromTimedelta(args.every)
-    if args.payload is not None:
-        schedule.payload = args.payload
-    if args.max_runtime is not None:
-        schedule.max_runtime.FromTimedelta(args.max_runtime)
+    args.apply_kind(schedule.spec, zone=args.timezone or "")
+    args.apply_what(schedule)
     args.spec_options.apply(schedule.spec)
     args.policies.apply(schedule.policies)
     schedule.after.extend(args.after)

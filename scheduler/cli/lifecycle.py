@@ -9,29 +9,23 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
 from cronscale.v1 import schedule_pb2
 from cronscale.v1 import scheduler_service_pb2 as api
+from scheduler.cli.build import ScheduleFields
 from scheduler.cli.client import scheduler_stub
 from scheduler.cli.output import dumps, format_run, format_schedule, message_to_json
 from scheduler.errors import InvalidArgument
 
 
 @dataclass(frozen=True, kw_only=True)
-class UpdateArgs:
+class UpdateArgs(ScheduleFields):
     """What ``schedule update`` was given; None means "keep the stored value"."""
 
     schedule_id: str
     version: int
     name: str | None = None
     handler: str | None = None
-    cron: str | None = None
-    timezone: str | None = None
-    at: datetime | None = None
-    every: timedelta | None = None
-    payload: bytes | None = None
-    max_runtime: timedelta | None = None
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> UpdateArgs:
@@ -41,12 +35,7 @@ class UpdateArgs:
             version=ns.version,
             name=ns.name,
             handler=ns.handler,
-            cron=ns.cron,
-            timezone=ns.tz,
-            at=ns.at,
-            every=ns.every,
-            payload=ns.payload,
-            max_runtime=ns.max_runtime,
+            **cls.fields_from_namespace(ns),
         )
 
 
@@ -59,8 +48,7 @@ def build_update_request(
     max runs stay); ``--tz`` alone changes the zone of a cron schedule. Raises InvalidArgument
     naming the option when ``--tz`` is given for a schedule that is not (or no longer) cron.
     """
-    kinds = [k for k in (args.cron, args.at, args.every) if k is not None]
-    if len(kinds) > 1:
+    if args.kind_count() > 1:
         raise ValueError("at most one of cron, at, every may be set")
     schedule = schedule_pb2.Schedule()
     schedule.CopyFrom(current)
@@ -71,16 +59,9 @@ def build_update_request(
     if args.handler is not None:
         schedule.handler = args.handler
     spec = schedule.spec
-    if args.cron is not None:
-        zone = spec.cron.timezone if spec.WhichOneof("kind") == "cron" else ""
-        spec.cron.CopyFrom(schedule_pb2.CronSpec(expression=args.cron, timezone=zone))
-    elif args.at is not None:
-        spec.once.CopyFrom(schedule_pb2.OneShotSpec())
-        spec.once.at.FromDatetime(args.at)
-    elif args.every is not None:
-        # A new interval is anchored at the update (the server's "now"), like `create --every`.
-        spec.interval.CopyFrom(schedule_pb2.IntervalSpec())
-        spec.interval.every.FromTimedelta(args.every)
+    # A new cron expression keeps the stored zone; a new interval is anchored at the update
+    # (the server's "now"), like `create --every`.
+    args.apply_kind(spec, zone=spec.cron.timezone if spec.WhichOneof("kind") == "cron" else "")
     if args.timezone is not None:
         kind = spec.WhichOneof("kind")
         if kind != "cron":
@@ -88,10 +69,7 @@ def build_update_request(
                 "--tz", f"applies only to a cron schedule; this one is {kind or 'without a spec'}"
             )
         spec.cron.timezone = args.timezone
-    if args.payload is not None:
-        schedule.payload = args.payload
-    if args.max_runtime is not None:
-        schedule.max_runtime.FromTimedelta(args.max_runtime)
+    args.apply_what(schedule)
     return api.UpdateScheduleRequest(schedule=schedule)
 
 
