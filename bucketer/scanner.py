@@ -110,6 +110,10 @@ class WheelScanner:
         )
         self._wake.set()
 
+    def pending_count(self) -> int:
+        """Timers read and not yet handed over, over every served shard."""
+        return sum(len(p.pending) for p in self.shards.values())
+
     def remove_shard(self, shard: int) -> None:
         """Stops serving a shard (released or lost); its unfired timers are the next owner's."""
         self.shards.pop(shard, None)

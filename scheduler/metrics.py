@@ -22,6 +22,10 @@ RUNS_SKIPPED = Counter(
     "cronscale_runs_skipped_total", "Slots recorded SKIPPED instead of running.", ["reason"]
 )
 OWNED_SHARDS = Gauge("cronscale_owned_shards", "Shards this dispatcher owns.")
+TIMERS_PENDING = Gauge(
+    "cronscale_timers_pending",
+    "Timers read ahead and waiting in memory to come due (a deep value means firing lags).",
+)
 RUN_REPORTS = Counter(
     "cronscale_run_reports_total", "Run events recorded from workers.", ["status"]
 )

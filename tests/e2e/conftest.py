@@ -37,6 +37,8 @@ class Stack:
         self.config = config
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # The first dispatcher serves Prometheus metrics here.
+        self.dispatcher_metrics_port = _free_port()
         self.env = {
             **os.environ,
             "CRONSCALE_KEYSPACE": config.keyspace,
@@ -55,10 +57,17 @@ class Stack:
         self.api = scheduler_service_pb2_grpc.SchedulerServiceStub(self.channel)
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        # The dispatcher (also when a test replaces it) serves metrics on a known port.
+        metrics_port = self.dispatcher_metrics_port if name == "dispatcher" else 0
+        env = {
+            **self.env,
+            "CRONSCALE_INSTANCE_ID": f"{name}-{time.monotonic_ns()}",
+            "CRONSCALE_METRICS_PORT": str(metrics_port),
+        }
         with (self.logs / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "scheduler.cli", *args],
-                env={**self.env, "CRONSCALE_INSTANCE_ID": f"{name}-{time.monotonic_ns()}"},
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
