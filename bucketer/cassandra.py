@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cassandra.cluster import Session
 
@@ -52,8 +53,14 @@ class CassandraTimerStore:
         """Writes timers grouped by partition. A fire time in the past is moved to ``now``:
         a partition behind the scanners' checkpoint would never be read again.
         """
+        await write_grouped(self._session, self.rows(timers, now=now))
+
+    def rows(
+        self, timers: Iterable[Timer], *, now: datetime | None = None
+    ) -> list[tuple[Any, Any, Sequence[Any]]]:
+        """``put`` as grouped-write items, for a caller that writes them with other rows."""
         now = now or datetime.now(UTC)
-        items = []
+        items: list[tuple[Any, Any, Sequence[Any]]] = []
         for t in timers:
             fire = max(t.fire_time, now)
             ttl = int((fire - now + TIMER_RETENTION).total_seconds())
@@ -65,7 +72,7 @@ class CassandraTimerStore:
                     (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, min(ttl, _MAX_TTL)),
                 )
             )
-        await write_grouped(self._session, items)
+        return items
 
     async def scan(
         self,

@@ -91,10 +91,13 @@ class CassandraScheduleStore:
         """The schedules among ``ids`` that exist, in one multi-partition read per 100 ids."""
         out: dict[str, Schedule] = {}
         unique = list(dict.fromkeys(ids))
-        for start in range(0, len(unique), 100):
-            rows = await aexecute(
-                self._session, self.q["get_schedules"], (unique[start : start + 100],)
+        pages = await asyncio.gather(
+            *(
+                aexecute(self._session, self.q["get_schedules"], (unique[start : start + 100],))
+                for start in range(0, len(unique), 100)
             )
+        )
+        for rows in pages:
             for row in rows:
                 if row.handler is not None:
                     out[row.schedule_id] = Schedule.from_row(row)

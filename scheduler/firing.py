@@ -11,6 +11,7 @@ checkpoint, so a crash anywhere re-fires the batch with the same run ids (at-lea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,10 @@ logger = logging.getLogger(__name__)
 # A run in progress that showed no sign of life (enqueue, start, heartbeat) for this long no
 # longer blocks its schedule's overlap policy: its worker is presumed gone.
 STALE_RUN = timedelta(minutes=2)
+
+
+def _us(t: datetime) -> int:
+    return int(t.timestamp() * 1_000_000)
 
 
 def _ts(t: datetime) -> Timestamp:
@@ -394,7 +399,11 @@ class Firing:
         for s, run in plan.enqueue:
             if run.backfill_id:
                 continue  # backfill runs never hold up the schedule's own slots (overlap)
-            items.append((s.schedule_id, q["add_running"], (run.run_id, now, s.schedule_id)))
+            # Stamped with the batch's start, before anything is produced: a worker's report
+            # of the run (stamped later) always wins over this entry, whatever lands first.
+            items.append(
+                (s.schedule_id, q["add_running"], (_us(now), run.run_id, now, s.schedule_id))
+            )
         for s, buffered in plan.buffered:
             items.append((s.schedule_id, q["set_buffered"], (buffered.to_json(), s.schedule_id)))
         for s, at in plan.completed:
@@ -411,10 +420,14 @@ class Firing:
                 )
             )
         items.extend(self._runs.cancel_rows(plan.cancel))
-        await write_grouped(self._runs.session, items)
-        await self._timers.put(plan.next_timers, now=now)
-        if plan.enqueue:
-            await self._queue.enqueue(self._topic, [self._message(s, r) for s, r in plan.enqueue])
+        items.extend(self._timers.rows(plan.next_timers, now=now))
+        # Rows and messages go out together: every row carries a timestamp that orders it
+        # against the worker's reports (ENQUEUED at the slot, in-progress at the batch start),
+        # so which lands first does not matter; if either fails the batch is fired again.
+        await asyncio.gather(
+            write_grouped(self._runs.session, items),
+            self._queue.enqueue(self._topic, [self._message(s, r) for s, r in plan.enqueue]),
+        )
 
     def _message(self, s: Schedule, run: Run) -> run_message_pb2.RunMessage:
         m = run_message_pb2.RunMessage(

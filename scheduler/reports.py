@@ -97,7 +97,11 @@ class RunReports:
                 # In progress from now on, not only once a dispatcher enqueues it: a slot due
                 # in between must see it (else both would run, defeating BUFFER_ONE).
                 released.append(
-                    (sid, self._schedules.q["add_running"], (s.buffered.run_id, now, sid))
+                    (
+                        sid,
+                        self._schedules.q["add_running"],
+                        (int(now.timestamp() * 1_000_000), s.buffered.run_id, now, sid),
+                    )
                 )
                 logger.info(
                     "released buffered run %s",
