@@ -30,7 +30,13 @@ from scheduler.model import (
     run_id_for,
     validate_schedule_id,
 )
-from scheduler.slots import MAX_ENUMERATED_MISSES, next_slot, plan_misfire, slots_between
+from scheduler.slots import (
+    MAX_ENUMERATED_MISSES,
+    jitter_of,
+    next_slot,
+    plan_misfire,
+    slots_between,
+)
 from scheduler.timers import FireTimer, RunTimer
 from scheduler.validation import spec_error, validate_schedule
 
@@ -130,7 +136,9 @@ class ScheduleService:
         now = self._clock()
         if s.next_fire_time is not None and s.next_fire_time > now:
             return s
-        nxt = self.first_fire(s, now)
+        # A slot fires at slot + the schedule's offset: the next one to fire is the first slot
+        # after now - offset (preview's rule), not the first slot after now.
+        nxt = self.first_fire(s, now - jitter_of(s))
         return replace(s, next_fire_time=nxt.scheduled_for if nxt else None)
 
     async def list_page(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:

@@ -105,6 +105,13 @@ def test_preview_of_a_jittered_schedule_is_what_fires(stack: Stack) -> None:
         what="the last previewed time fired",
         order="slot",
     )
+    # Between a slot and its jittered time, GetSchedule's next fire time is still that slot's
+    # jittered time, as in preview (it once jumped to the following slot).
+    now = datetime.now(UTC)
+    next_even = now.replace(microsecond=0) + timedelta(seconds=2 - now.second % 2)
+    time.sleep((next_even + offset / 2 - now).total_seconds())
+    got = get_schedule(stack, s.id)
+    assert dt(got.next_fire_time) == next_even + offset, (dt(got.next_fire_time), next_even)
     delete_schedule(stack, s.id)
     upto = [r for r in runs if dt(r.scheduled_for) <= previewed[-1]]
     assert [dt(r.scheduled_for) for r in upto] == previewed
