@@ -19,7 +19,7 @@ from bucketer.cql import (
     write_grouped,
 )
 from bucketer.keys import minute_bucket
-from bucketer.model import Checkpoint, ShardLease, Timer
+from bucketer.model import Checkpoint, ShardLease, Timer, aware
 
 logger = logging.getLogger(__name__)
 
@@ -163,10 +163,9 @@ class CassandraTimerStore:
         for r in rows:
             if r.checkpoint_time is None:
                 continue
-            t = r.checkpoint_time
             out[r.minute_bucket] = Checkpoint(
                 bucket=r.minute_bucket,
-                fire_time=t if t.tzinfo else t.replace(tzinfo=UTC),
+                fire_time=aware(r.checkpoint_time),
                 timer_id=r.checkpoint_id or "",
             )
         return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from bucketer.keys import minute_bucket
@@ -36,7 +36,7 @@ class Timer:
     @classmethod
     def from_row(cls, row: Any, *, shard: int) -> Timer:
         return cls(
-            fire_time=_aware(row.fire_time),
+            fire_time=aware(row.fire_time),
             timer_id=row.timer_id,
             shard=shard,
             kind=row.kind or "",
@@ -63,7 +63,7 @@ class ShardLease:
             shard=shard,
             epoch=row.epoch or 0,
             owner=row.owner,
-            lease_expires=_aware(row.lease_expires) if row.lease_expires else None,
+            lease_expires=aware(row.lease_expires) if row.lease_expires else None,
             done_through=row.done_through,
         )
 
@@ -77,7 +77,6 @@ class Checkpoint:
     timer_id: str
 
 
-def _aware(t: datetime) -> datetime:
-    from datetime import UTC
-
+def aware(t: datetime) -> datetime:
+    """Cassandra hands back naive UTC datetimes; make them aware."""
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)

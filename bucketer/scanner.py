@@ -125,11 +125,14 @@ class WheelScanner:
         next_read = 0.0
         while True:
             try:
-                if time.monotonic() >= next_read:
+                read = time.monotonic() >= next_read
+                if read:
                     more = await self.read(self._clock())
                     next_read = time.monotonic() + (0 if more else self._tick)
-                await self.fire_due()
-                await self.record_progress()
+                # Progress only moves after a read or a handover: waking up for nothing (the
+                # coalescing sleep) does not walk every shard again.
+                if await self.fire_due() or read:
+                    await self.record_progress()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -210,8 +213,9 @@ class WheelScanner:
             if pos > floor and pos not in p.handed and pos not in p.pending:
                 p.pending[pos] = t
 
-    async def fire_due(self) -> None:
-        """Hands every pending timer that is due to ``on_due``, in batches, oldest first."""
+    async def fire_due(self) -> int:
+        """Hands every pending timer that is due to ``on_due``, in batches, oldest first;
+        returns how many were handed."""
         now = self._clock()
         due = sorted(
             (t for p in self.shards.values() for t in p.pending.values() if t.fire_time <= now),
@@ -227,6 +231,7 @@ class WheelScanner:
                 p.pending.pop(t.position, None)
                 p.handed.add(t.position)
                 p.dirty.add(t.bucket)
+        return len(due)
 
     async def record_progress(self) -> None:
         """Moves checkpoints and finishes buckets, fenced by each shard's epoch."""

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,6 @@ class CassandraRunStore:
 
     def __init__(self, session: Session, schedules: CassandraScheduleStore) -> None:
         self.session = session
-        self._session = session
         self.q = schedules.q
 
     def insert_rows(self, runs: Iterable[Run]) -> list[tuple[Any, Any, Sequence[Any]]]:
@@ -241,7 +241,7 @@ class CassandraRunStore:
 
     async def write(self, items: Sequence[tuple[Any, Any, Sequence[Any]]]) -> None:
         """Writes grouped-write items (see ``write_grouped``)."""
-        await write_grouped(self._session, items)
+        await write_grouped(self.session, items)
 
     def cancel_rows(self, run_ids: Iterable[str]) -> list[tuple[Any, Any, Sequence[Any]]]:
         """Grouped-write items asking workers to cancel these runs (seen at their heartbeat)."""
@@ -319,7 +319,7 @@ class CassandraRunStore:
                         ),
                     )
                 )
-        await write_grouped(self._session, items)
+        await write_grouped(self.session, items)
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""
@@ -327,7 +327,7 @@ class CassandraRunStore:
         async def one(run_id: str) -> str | None:
             ref = parse_run_id(run_id)
             rows = await aexecute(
-                self._session,
+                self.session,
                 self.q["get_cancel_requested"],
                 (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
             )
@@ -340,14 +340,14 @@ class CassandraRunStore:
     async def clear_buffered(self, schedule_id: str, buffered_json: str) -> bool:
         """Takes the held-back run off the schedule, once (concurrent API replicas race)."""
         applied, _ = await execute_conditional(
-            self._session, self.q["clear_buffered"], (schedule_id, buffered_json)
+            self.session, self.q["clear_buffered"], (schedule_id, buffered_json)
         )
         return applied
 
     async def get(self, run_id: str) -> Run:
         ref = parse_run_id(run_id)
         rows = await aexecute(
-            self._session,
+            self.session,
             self.q["get_run"],
             (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
         )
@@ -371,11 +371,11 @@ class CassandraRunStore:
             want = page_size - len(out)
             if after is None:
                 rows = await aexecute(
-                    self._session, self.q["list_runs_day"], (schedule_id, day, want)
+                    self.session, self.q["list_runs_day"], (schedule_id, day, want)
                 )
             else:
                 rows = await aexecute(
-                    self._session,
+                    self.session,
                     self.q["list_runs_day_before"],
                     (schedule_id, day, after[0], after[1], want),
                 )
@@ -391,40 +391,18 @@ class CassandraRunStore:
         return out, _encode_run_token(day_of(last.scheduled_for), last.scheduled_for, last.run_id)
 
 
+@dataclass(frozen=True, kw_only=True)
 class RunEventRecord:
     """A worker's report about one run, as the store applies it (status None = heartbeat)."""
 
-    __slots__ = (
-        "attempt",
-        "error",
-        "event_time",
-        "run_id",
-        "schedule_id",
-        "scheduled_for",
-        "status",
-        "worker_id",
-    )
-
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        schedule_id: str,
-        scheduled_for: datetime,
-        status: RunStatus | None,
-        event_time: datetime,
-        attempt: int = 1,
-        worker_id: str = "",
-        error: str = "",
-    ) -> None:
-        self.run_id = run_id
-        self.schedule_id = schedule_id
-        self.scheduled_for = scheduled_for
-        self.status = status
-        self.event_time = event_time
-        self.attempt = attempt
-        self.worker_id = worker_id
-        self.error = error
+    run_id: str
+    schedule_id: str
+    scheduled_for: datetime
+    status: RunStatus | None
+    event_time: datetime
+    attempt: int = 1
+    worker_id: str = ""
+    error: str = ""
 
 
 def _encode_run_token(day: int, scheduled_for: datetime, run_id: str) -> str:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from bucketer.model import aware as aware_utc
 from scheduler.errors import InvalidArgument
 from scheduler.timespec import (
     FireTime,
@@ -470,7 +471,5 @@ def day_of(t: datetime) -> int:
 
 
 def aware(t: datetime | None) -> datetime | None:
-    """Cassandra hands back naive UTC datetimes; make them aware."""
-    if t is None:
-        return None
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+    """Cassandra hands back naive UTC datetimes (or null); make them aware."""
+    return None if t is None else aware_utc(t)

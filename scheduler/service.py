@@ -181,7 +181,7 @@ class ScheduleService:
         resumed = replace(s, generation=new_generation(), state=ScheduleState.ACTIVE)
         missed = slots_between(resumed, s.pause_time or now, now, MAX_ENUMERATED_MISSES)
         decided = plan_misfire(s.policies, missed, now, mode=misfire_override)
-        fired = await self._fired_so_far(s) if s.spec.max_runs else 0
+        fired = await self.fired_so_far(s) if s.spec.max_runs else 0
         catch_up = (
             decided.fire[: max(0, s.spec.max_runs - fired)] if s.spec.max_runs else decided.fire
         )
@@ -234,11 +234,8 @@ class ScheduleService:
         return await self.get(schedule_id)
 
     async def fired_so_far(self, s: Schedule) -> int:
-        """Scheduled runs of ``s`` fired so far, read from its run history (for ``max_runs``)."""
-        return await self._fired_so_far(s)
-
-    async def _fired_so_far(self, s: Schedule) -> int:
-        """Scheduled runs fired so far (for max_runs across a pause), from the run history."""
+        """Scheduled runs of ``s`` fired so far, read from its run history (for ``max_runs``
+        across a pause or an update)."""
         count, token = 0, ""
         while True:
             runs, token = await self._runs.list(s.schedule_id, 1000, token)
