@@ -6,12 +6,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from cassandra.cluster import Session
 
 from bucketer.cql import (
     Queries,
+    Write,
     aexecute,
     aexecute_all,
     execute_conditional,
@@ -55,18 +55,16 @@ class CassandraTimerStore:
         """
         await write_grouped(self._session, self.rows(timers, now=now))
 
-    def rows(
-        self, timers: Iterable[Timer], *, now: datetime | None = None
-    ) -> list[tuple[Any, Any, Sequence[Any]]]:
+    def rows(self, timers: Iterable[Timer], *, now: datetime | None = None) -> list[Write]:
         """``put`` as grouped-write items, for a caller that writes them with other rows."""
         now = now or datetime.now(UTC)
-        items: list[tuple[Any, Any, Sequence[Any]]] = []
+        items: list[Write] = []
         for t in timers:
             fire = max(t.fire_time, now)
             ttl = int((fire - now + TIMER_RETENTION).total_seconds())
             bucket = minute_bucket(fire)
             items.append(
-                (
+                Write(
                     (bucket, t.shard),
                     self._q["put_timer"],
                     (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, min(ttl, _MAX_TTL)),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bucketer.keys import minute_bucket
@@ -80,3 +80,18 @@ class Checkpoint:
 def aware(t: datetime) -> datetime:
     """Cassandra hands back naive UTC datetimes; make them aware."""
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def micros(t: datetime) -> int:
+    """Microseconds since the Unix epoch, exactly (integer arithmetic: a slot read back must
+    equal the instant written, or "the next slot strictly after it" could be the same one)."""
+    return (aware(t) - _EPOCH) // _MICRO
+
+
+def from_micros(us: int) -> datetime:
+    """The inverse of :func:`micros`."""
+    return _EPOCH + timedelta(microseconds=us)

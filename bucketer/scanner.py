@@ -52,6 +52,10 @@ class ShardProgress:
     handed: set[Position] = field(default_factory=set)
     # Buckets with timers handed since their checkpoint was last written.
     dirty: set[int] = field(default_factory=set)
+    # Busy partitions read only part way (more due timers than a tick's pages): the last
+    # position read. The next read goes on from there, not from the checkpoint, so a :00 herd
+    # of any size drains; the bucket's checkpoint cannot pass it, and it is not finished.
+    cursors: dict[int, Position] = field(default_factory=dict)
     # Everything due by this instant has been read (None: not read since claimed). No
     # checkpoint may pass it: what was not read cannot have fired.
     read_until: datetime | None = None
@@ -75,6 +79,8 @@ class WheelScanner:
         grace: timedelta = timedelta(seconds=2),
         batch: int = 1000,
         per_shard_limit: int = 1000,
+        pages_per_read: int = 10,
+        max_pending_per_shard: int = 50_000,
         shards_per_query: int = 32,
         checkpoint_every: timedelta = timedelta(seconds=2),
         coalesce: timedelta = timedelta(milliseconds=25),
@@ -88,6 +94,8 @@ class WheelScanner:
         self._grace = grace
         self._batch = batch
         self._limit = per_shard_limit
+        self._pages = pages_per_read
+        self._max_pending = max_pending_per_shard
         self._chunk = shards_per_query
         self._checkpoint_every = checkpoint_every.total_seconds()
         self._clock = clock
@@ -165,10 +173,17 @@ class WheelScanner:
             for bucket in range(p.done_through + 1, last + 1):
                 wanted.setdefault(bucket, []).append(p)
         more = False
-        truncated: set[int] = set()
         for bucket, progress in sorted(wanted.items()):
-            for start in range(0, len(progress), self._chunk):
-                chunk = progress[start : start + self._chunk]
+            # A partition read part way goes on from its cursor, on its own.
+            busy = [p for p in progress if bucket in p.cursors]
+            for p in busy:
+                if len(p.pending) >= self._max_pending:
+                    more = True  # fire what is read before reading more
+                    continue
+                more |= await self._read_rest(p, bucket, p.cursors[bucket], until)
+            rest = [p for p in progress if bucket not in p.cursors]
+            for start in range(0, len(rest), self._chunk):
+                chunk = rest[start : start + self._chunk]
                 after = min(p.after(bucket) for p in chunk)
                 found = await self._store.scan_shards(
                     bucket=bucket,
@@ -180,28 +195,28 @@ class WheelScanner:
                 for p in chunk:
                     timers = found.get(p.shard, [])
                     self._take(p, bucket, timers)
-                    if len(timers) >= self._limit and await self._read_rest(
-                        p, bucket, timers[-1].position, until
-                    ):
-                        more = True
-                        truncated.add(p.shard)
+                    if len(timers) >= self._limit:
+                        more |= await self._read_rest(p, bucket, timers[-1].position, until)
         for p in {id(p): p for ps in wanted.values() for p in ps}.values():
-            if p.shard not in truncated:
-                p.read_until = until
+            p.read_until = until
         return more
 
     async def _read_rest(
         self, p: ShardProgress, bucket: int, after: Position, until: datetime
     ) -> bool:
-        """A busy partition: page through it alone, from the last timer read."""
-        for _ in range(10):
+        """A busy partition: page through it alone, from ``after``, a few pages per call.
+        Returns True if it holds more (its cursor says where the next read goes on)."""
+        for _ in range(self._pages):
             timers = await self._store.scan(
                 shard=p.shard, bucket=bucket, after=after, until=until, limit=self._limit
             )
             self._take(p, bucket, timers)
+            if timers:
+                after = timers[-1].position
             if len(timers) < self._limit:
+                p.cursors.pop(bucket, None)
                 return False
-            after = timers[-1].position
+        p.cursors[bucket] = after
         return True
 
     def _take(self, p: ShardProgress, bucket: int, timers: list[Timer]) -> None:
@@ -259,11 +274,14 @@ class WheelScanner:
             target = horizon
             if bucket in first_pending:
                 target = min(target, (first_pending[bucket][0], ""))
+            if bucket in p.cursors:
+                target = min(target, p.cursors[bucket])
             if target > p.after(bucket):
                 p.checkpoints[bucket] = target
             if (
                 finished == bucket - 1
                 and bucket not in first_pending
+                and bucket not in p.cursors
                 and bucket_end(bucket) <= horizon[0]
             ):
                 finished = bucket

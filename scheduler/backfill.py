@@ -32,6 +32,7 @@ from scheduler.cassandra import CassandraScheduleStore
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler.model import (
     BACKFILL_SUFFIX,
+    STALE_RUN,
     RunStatus,
     Schedule,
     ScheduleState,
@@ -50,9 +51,6 @@ MAX_SLOTS = 10_000
 MAX_SPAN = timedelta(days=366)
 # How often a running backfill looks at its runs and tops up.
 TICK = timedelta(seconds=1)
-# A RUNNING backfill run silent this long (no start, no heartbeat) stops holding a concurrency
-# slot: its worker is presumed gone (the same bound the overlap policies use).
-STALE_RUN = timedelta(minutes=2)
 FINISHED = frozenset(
     {
         RunStatus.SUCCEEDED,

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,12 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
-from bucketer.cql import Queries, aexecute, execute_conditional, first, write_grouped
+from bucketer.cql import Queries, Write, aexecute, execute_conditional, first, write_grouped
+from bucketer.model import micros
 from scheduler.errors import AlreadyExists, InvalidArgument, NotFound
 from scheduler.model import (
     Run,
+    RunEventRecord,
     RunStatus,
     Schedule,
     ScheduleState,
@@ -33,8 +34,19 @@ RUN_RETENTION_DAYS = 30
 MAX_ERROR_CHARS = 4096
 
 
-def _us(t: datetime) -> int:
-    return int(t.timestamp() * 1_000_000)
+# A run row's status cells are written at a timestamp derived from the run itself, never from
+# a clock: slot + attempt * 4 + rank. So a worker's report (RUNNING, then an outcome) always
+# wins over the dispatcher's ENQUEUED of the same attempt, whatever either clock says or which
+# lands first, and the next attempt's ENQUEUED wins over a late outcome of the one before.
+_ENQUEUED_RANK = 0
+_RUNNING_RANK = 1
+_OUTCOME_RANK = 2
+_ATTEMPT_STRIDE = 4
+
+
+def run_cell_time(scheduled_for: datetime, attempt: int, rank: int) -> int:
+    """The write timestamp of a run row's status cells (see above)."""
+    return micros(scheduled_for) + max(attempt, 1) * _ATTEMPT_STRIDE + rank
 
 
 class CassandraScheduleStore:
@@ -57,7 +69,7 @@ class CassandraScheduleStore:
         bulk loads such as the load harness, where ids are fresh by construction."""
         await write_grouped(
             self._session,
-            [(s.schedule_id, self.q["import_schedule"], self._row(s)) for s in schedules],
+            [Write(s.schedule_id, self.q["import_schedule"], self._row(s)) for s in schedules],
         )
 
     @staticmethod
@@ -190,6 +202,41 @@ class CassandraScheduleStore:
         )
         return applied
 
+    # Bookkeeping written with a firing or a report, as grouped-write items ---------------------
+
+    def mark_active(self, schedule_id: str, run_id: str, now: datetime) -> Write:
+        """The run enqueued last (overlap policies read it); timestamped ``now``, the enqueue."""
+        return Write(
+            schedule_id,
+            self.q["mark_active"],
+            {"ts": micros(now), "run_id": run_id, "seen": now, "schedule_id": schedule_id},
+        )
+
+    def touch_active(self, schedule_id: str, now: datetime) -> Write:
+        """A sign of life of the schedule's run in progress (a heartbeat)."""
+        return Write(schedule_id, self.q["touch_active"], {"seen": now, "schedule_id": schedule_id})
+
+    def mark_done(self, schedule_id: str, run_id: str, enqueued: datetime) -> Write:
+        """The run finished; of two finished runs the later-enqueued one is kept."""
+        return Write(
+            schedule_id,
+            self.q["mark_done"],
+            {"ts": micros(enqueued) + 1, "run_id": run_id, "schedule_id": schedule_id},
+        )
+
+    def set_buffered(self, schedule_id: str, buffered_json: str) -> Write:
+        """Holds a run back (BUFFER_ONE) until the one in progress finishes."""
+        return Write(schedule_id, self.q["set_buffered"], (buffered_json, schedule_id))
+
+    def record_completed(self, schedule_id: str, last_slot: datetime) -> Write:
+        """A schedule with no next slot is COMPLETED, timestamped with its last slot so an
+        operator's later change always wins."""
+        return Write(
+            schedule_id,
+            self.q["record_completed"],
+            (micros(last_slot), last_slot, ScheduleState.COMPLETED.value, schedule_id),
+        )
+
     async def delete(self, schedule_id: str) -> None:
         applied, _ = await execute_conditional(
             self._session, self.q["delete_schedule"], (schedule_id,)
@@ -204,18 +251,17 @@ class CassandraRunStore:
     def __init__(self, session: Session, schedules: CassandraScheduleStore) -> None:
         self.session = session
         self.q = schedules.q
+        self._schedules = schedules
 
-    def insert_rows(self, runs: Iterable[Run]) -> list[tuple[Any, Any, Sequence[Any]]]:
-        """Grouped-write items recording each run as enqueued (or skipped).
-
-        The write timestamp is the slot itself, so re-recording a re-fired slot never hides a
-        worker's later report (RUNNING, SUCCEEDED) of the same run.
-        """
-        items: list[tuple[Any, Any, Sequence[Any]]] = []
+    def insert_rows(self, runs: Iterable[Run]) -> list[Write]:
+        """Grouped-write items recording each run as enqueued (or skipped), at the run's own
+        cell time (``run_cell_time``): re-recording a re-fired slot never hides a worker's
+        report (RUNNING, SUCCEEDED) of the same attempt."""
+        items: list[Write] = []
         for r in runs:
             day = day_of(r.scheduled_for)
             items.append(
-                (
+                Write(
                     (r.schedule_id, day),
                     self.q["insert_run"],
                     (
@@ -233,24 +279,24 @@ class CassandraRunStore:
                         r.error or None,
                         r.origin_run_id or None,
                         r.backfill_id or None,
-                        _us(min(r.scheduled_for, r.enqueue_time or r.scheduled_for)),
+                        run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
                     ),
                 )
             )
         return items
 
-    async def write(self, items: Sequence[tuple[Any, Any, Sequence[Any]]]) -> None:
+    async def write(self, items: Sequence[Write]) -> None:
         """Writes grouped-write items (see ``write_grouped``)."""
         await write_grouped(self.session, items)
 
-    def cancel_rows(self, run_ids: Iterable[str]) -> list[tuple[Any, Any, Sequence[Any]]]:
+    def cancel_rows(self, run_ids: Iterable[str]) -> list[Write]:
         """Grouped-write items asking workers to cancel these runs (seen at their heartbeat)."""
-        items: list[tuple[Any, Any, Sequence[Any]]] = []
+        items: list[Write] = []
         for run_id in run_ids:
             ref = parse_run_id(run_id)
             day = day_of(ref.scheduled_for)
             items.append(
-                (
+                Write(
                     (ref.schedule_id, day),
                     self.q["request_cancel"],
                     (ref.schedule_id, day, ref.scheduled_for, run_id),
@@ -258,39 +304,31 @@ class CassandraRunStore:
             )
         return items
 
-    async def record_events(self, events: Sequence[RunEventRecord]) -> None:
-        """Applies worker reports, grouped by run partition, each at its event time."""
-        items: list[tuple[Any, Any, Sequence[Any]]] = []
+    async def record_events(self, events: Sequence[RunEventRecord], *, now: datetime) -> None:
+        """Applies worker reports, grouped by partition: each run row at its cell time, and the
+        schedule's overlap cells (a heartbeat is a sign of life, an outcome ends the run).
+
+        No write here is ordered by a worker's clock. Backfill runs stay out of the overlap
+        cells, so they never hold up the schedule's own slots.
+        """
+        items: list[Write] = []
         for e in events:
             day = day_of(e.scheduled_for)
             where = (e.schedule_id, day, e.scheduled_for, e.run_id)
-            # The schedule's in-progress map follows the run (overlap policies read it);
-            # backfill runs stay out of it, so they never hold up the schedule's own slots.
-            if is_backfill_run(e.run_id):
-                pass
-            elif e.status in (None, RunStatus.RUNNING):
+            tracked = not is_backfill_run(e.run_id)
+            if e.status is None:
                 items.append(
-                    (
-                        e.schedule_id,
-                        self.q["touch_running"],
-                        (_us(e.event_time), e.run_id, e.event_time, e.schedule_id),
-                    )
+                    Write((e.schedule_id, day), self.q["run_heartbeat"], (e.event_time, *where))
                 )
-            else:
+                if tracked:
+                    items.append(self._schedules.touch_active(e.schedule_id, now))
+            elif e.status is RunStatus.RUNNING:
                 items.append(
-                    (
-                        e.schedule_id,
-                        self.q["remove_running"],
-                        (e.run_id, _us(e.event_time), e.schedule_id),
-                    )
-                )
-            if e.status is RunStatus.RUNNING:
-                items.append(
-                    (
+                    Write(
                         (e.schedule_id, day),
                         self.q["run_started"],
                         (
-                            _us(e.event_time),
+                            run_cell_time(e.scheduled_for, e.attempt, _RUNNING_RANK),
                             e.status.value,
                             e.event_time,
                             e.event_time,
@@ -300,25 +338,43 @@ class CassandraRunStore:
                         ),
                     )
                 )
-            elif e.status is None:
-                items.append(
-                    ((e.schedule_id, day), self.q["run_heartbeat"], (e.event_time, *where))
-                )
             else:
-                items.append(
-                    (
-                        (e.schedule_id, day),
-                        self.q["run_finished"],
-                        (
-                            _us(e.event_time),
-                            e.status.value,
-                            e.event_time,
-                            e.error[:MAX_ERROR_CHARS] or None,
-                            e.worker_id,
-                            *where,
-                        ),
+                ts = run_cell_time(e.scheduled_for, e.attempt, _OUTCOME_RANK)
+                error = e.error[:MAX_ERROR_CHARS] or None
+                if e.start_time is not None:
+                    items.append(
+                        Write(
+                            (e.schedule_id, day),
+                            self.q["run_ran"],
+                            {
+                                "ts": ts,
+                                "status": e.status.value,
+                                "start_time": e.start_time,
+                                "finish_time": e.event_time,
+                                "error": error,
+                                "worker_id": e.worker_id,
+                                "attempt": e.attempt,
+                                "schedule_id": e.schedule_id,
+                                "day": day,
+                                "scheduled_for": e.scheduled_for,
+                                "run_id": e.run_id,
+                            },
+                        )
                     )
-                )
+                else:
+                    items.append(
+                        Write(
+                            (e.schedule_id, day),
+                            self.q["run_finished"],
+                            (ts, e.status.value, e.event_time, error, e.worker_id, *where),
+                        )
+                    )
+                if tracked:
+                    items.append(
+                        self._schedules.mark_done(
+                            e.schedule_id, e.run_id, e.enqueue_time or e.scheduled_for
+                        )
+                    )
         await write_grouped(self.session, items)
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
@@ -391,22 +447,8 @@ class CassandraRunStore:
         return out, _encode_run_token(day_of(last.scheduled_for), last.scheduled_for, last.run_id)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunEventRecord:
-    """A worker's report about one run, as the store applies it (status None = heartbeat)."""
-
-    run_id: str
-    schedule_id: str
-    scheduled_for: datetime
-    status: RunStatus | None
-    event_time: datetime
-    attempt: int = 1
-    worker_id: str = ""
-    error: str = ""
-
-
 def _encode_run_token(day: int, scheduled_for: datetime, run_id: str) -> str:
-    raw = f"{day}|{_us(scheduled_for)}|{run_id}"
+    raw = f"{day}|{micros(scheduled_for)}|{run_id}"
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cassandra.cluster import Session
 
-from bucketer.cql import Queries, write_grouped
+from bucketer.cql import Queries, Write, write_grouped
 from scheduler.cassandra import CassandraScheduleStore
 from scheduler.errors import FailedPrecondition, InvalidArgument
 from scheduler.model import Schedule, validate_schedule_id
@@ -163,7 +163,10 @@ class DependencyGraph:
         """Adds ``schedule_id`` to each upstream's ``downstream`` set (grouped writes)."""
         await write_grouped(
             self._session,
-            [(up, self._q["add_downstream"], ({schedule_id}, up)) for up in sorted(set(upstreams))],
+            [
+                Write(up, self._q["add_downstream"], ({schedule_id}, up))
+                for up in sorted(set(upstreams))
+            ],
         )
 
     async def unlink(self, schedule_id: str, upstreams: Iterable[str]) -> None:
@@ -171,7 +174,7 @@ class DependencyGraph:
         await write_grouped(
             self._session,
             [
-                (up, self._q["remove_downstream"], ({schedule_id}, up))
+                Write(up, self._q["remove_downstream"], ({schedule_id}, up))
                 for up in sorted(set(upstreams))
             ],
         )

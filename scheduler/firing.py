@@ -32,7 +32,9 @@ from scheduler.errors import InvalidArgument
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION, KafkaRunQueue
 from scheduler.model import (
     MISFIRE_THRESHOLD,
+    STALE_RUN,
     BufferedRun,
+    OverlapMode,
     Run,
     RunStatus,
     Schedule,
@@ -53,14 +55,6 @@ from scheduler.slots import (
 from scheduler.timers import BACKFILL, FIRE, RUN, BackfillTimer, FireTimer, RunTimer
 
 logger = logging.getLogger(__name__)
-
-# A run in progress that showed no sign of life (enqueue, start, heartbeat) for this long no
-# longer blocks its schedule's overlap policy: its worker is presumed gone.
-STALE_RUN = timedelta(minutes=2)
-
-
-def _us(t: datetime) -> int:
-    return int(t.timestamp() * 1_000_000)
 
 
 def _ts(t: datetime) -> Timestamp:
@@ -141,10 +135,13 @@ def plan_fire(
         to_fire = to_fire[:allowed]
 
     if to_fire:
+        # A refire of these slots (the batch retried after a partial failure) finds their own
+        # earlier attempt recorded: that is the same firing again, not another run in progress.
+        ours = {run_id_for(s.schedule_id, slot.at) for slot in to_fire}
         decision = decide_overlap(
             s.policies.overlap,
-            s.in_progress(now, stale_after=STALE_RUN),
-            buffered=s.buffered is not None,
+            s.in_progress(now, stale_after=STALE_RUN, besides=ours),
+            buffered=s.buffered is not None and s.buffered.run_id not in ours,
         )
         plan.cancel.extend(decision.cancel)
         if decision.action is OverlapAction.BUFFER:
@@ -394,36 +391,25 @@ class Firing:
             metrics.RUNS_ENQUEUED.labels(tier="standard").inc()
 
     async def _apply(self, plan: FiringPlan, now: datetime) -> None:
-        q = self._schedules.q
+        schedules = self._schedules
         items = self._runs.insert_rows([r for _s, r in plan.enqueue] + plan.skipped)
         for s, run in plan.enqueue:
             if run.backfill_id:
                 continue  # backfill runs never hold up the schedule's own slots (overlap)
-            # Stamped with the batch's start, before anything is produced: a worker's report
-            # of the run (stamped later) always wins over this entry, whatever lands first.
-            items.append(
-                (s.schedule_id, q["add_running"], (_us(now), run.run_id, now, s.schedule_id))
-            )
+            # Stamped with the batch's start: a finish reported for this run is stamped with
+            # the same enqueue time (echoed by the worker), so neither clock nor arrival order
+            # decides whether the schedule sees it in progress.
+            items.append(schedules.mark_active(s.schedule_id, run.run_id, now))
         for s, buffered in plan.buffered:
-            items.append((s.schedule_id, q["set_buffered"], (buffered.to_json(), s.schedule_id)))
+            items.append(schedules.set_buffered(s.schedule_id, buffered.to_json()))
         for s, at in plan.completed:
-            items.append(
-                (
-                    s.schedule_id,
-                    q["record_completed"],
-                    (
-                        int(at.timestamp() * 1_000_000),
-                        at,
-                        ScheduleState.COMPLETED.value,
-                        s.schedule_id,
-                    ),
-                )
-            )
+            items.append(schedules.record_completed(s.schedule_id, at))
         items.extend(self._runs.cancel_rows(plan.cancel))
         items.extend(self._timers.rows(plan.next_timers, now=now))
         # Rows and messages go out together: every row carries a timestamp that orders it
-        # against the worker's reports (ENQUEUED at the slot, in-progress at the batch start),
-        # so which lands first does not matter; if either fails the batch is fired again.
+        # against the worker's reports (run rows by slot, attempt and status; overlap cells by
+        # enqueue time), so which lands first does not matter; if either fails the batch is
+        # fired again, with the same run ids.
         await asyncio.gather(
             write_grouped(self._runs.session, items),
             self._queue.enqueue(self._topic, [self._message(s, r) for s, r in plan.enqueue]),
@@ -439,6 +425,11 @@ class Firing:
             payload=s.payload,
             attempt=run.attempt,
             manual=run.manual,
+            follow_up=(
+                run_message_pb2.FOLLOW_UP_REQUIRED
+                if s.downstream or s.policies.overlap is OverlapMode.BUFFER_ONE
+                else run_message_pb2.FOLLOW_UP_NONE
+            ),
         )
         m.scheduled_for.CopyFrom(_ts(run.scheduled_for))
         assert run.enqueue_time is not None

@@ -13,13 +13,12 @@ Their run row is written right away (ENQUEUED), so GetRun finds them at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
+from bucketer.cql import Write
 from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from scheduler.firing import STALE_RUN
 from scheduler.model import (
+    STALE_RUN,
     BufferedRun,
     Run,
     RunStatus,
@@ -259,7 +258,7 @@ class Lifecycle:
         )
         return run
 
-    async def _enqueue(self, run: Run, items: list[tuple[Any, Any, Sequence[Any]]]) -> None:
+    async def _enqueue(self, run: Run, items: list[Write]) -> None:
         """Puts ``run`` as a run timer due now, then records it ENQUEUED (with ``items``)."""
         svc = self._svc
         assert run.enqueue_time is not None

@@ -10,6 +10,7 @@ import enum
 import json
 import re
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -92,6 +93,10 @@ DEFAULT_MAX_CATCH_UP = 100
 # A slot fired later than this counts as missed: its misfire policy decides (Quartz's
 # misfireThreshold).
 MISFIRE_THRESHOLD = timedelta(seconds=30)
+# A run in progress that showed no sign of life (enqueue, heartbeat) for this long no longer
+# blocks its schedule's overlap policy (nor a backfill's concurrency): its worker is presumed
+# gone.
+STALE_RUN = timedelta(minutes=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,8 +263,12 @@ class Schedule:
     # Upstream schedules this one runs after, and schedules that run after this one.
     after: frozenset[str] = frozenset()
     downstream: frozenset[str] = frozenset()
-    # Runs in progress: run id -> last sign of life (enqueue, start, heartbeat).
-    running: dict[str, datetime] = field(default_factory=dict)
+    # Overlap bookkeeping, in plain cells (never a collection: every removed element would be
+    # a tombstone on a row touched at every firing). The run enqueued last and its last sign of
+    # life (enqueue, heartbeat), and the run that finished last (by enqueue order).
+    active_run: str = ""
+    active_seen: datetime | None = None
+    done_run: str = ""
     # A run held back by BUFFER_ONE until the running one finishes.
     buffered: BufferedRun | None = None
 
@@ -288,17 +297,25 @@ class Schedule:
             policies=SchedulePolicies.from_json(getattr(row, "policies", None)),
             after=frozenset(getattr(row, "after", None) or ()),
             downstream=frozenset(getattr(row, "downstream", None) or ()),
-            running={
-                k: aware(v) or datetime.min.replace(tzinfo=UTC)
-                for k, v in (getattr(row, "running", None) or {}).items()
-            },
+            active_run=getattr(row, "active_run", None) or "",
+            active_seen=aware(getattr(row, "active_seen", None)),
+            done_run=getattr(row, "done_run", None) or "",
             buffered=BufferedRun.from_json(getattr(row, "buffered", None)),
         )
 
-    def in_progress(self, now: datetime, *, stale_after: timedelta) -> list[str]:
-        """Run ids still in progress: a sign of life within ``stale_after`` (a run whose worker
-        vanished stops blocking its schedule once its lease would have ended)."""
-        return [rid for rid, seen in self.running.items() if now - seen < stale_after]
+    def in_progress(
+        self, now: datetime, *, stale_after: timedelta, besides: Collection[str] = ()
+    ) -> list[str]:
+        """Run ids still in progress: the run enqueued last, unless it finished or showed no
+        sign of life within ``stale_after`` (its worker vanished).
+
+        ``besides`` are the runs being decided: a slot fired again (a batch retried after a
+        partial failure) finds its own earlier attempt here, and that is not another run.
+        """
+        rid = self.active_run
+        if not rid or rid == self.done_run or rid in besides or self.active_seen is None:
+            return []
+        return [rid] if now - self.active_seen < stale_after else []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -473,3 +490,30 @@ def day_of(t: datetime) -> int:
 def aware(t: datetime | None) -> datetime | None:
     """Cassandra hands back naive UTC datetimes (or null); make them aware."""
     return None if t is None else aware_utc(t)
+
+
+class FollowUp(enum.Enum):
+    """Whether the API has work to do when a run ends (RunMessage.follow_up)."""
+
+    UNKNOWN = 0
+    NONE = 1
+    REQUIRED = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEventRecord:
+    """A worker's report about one run, as the store applies it (status None = heartbeat)."""
+
+    run_id: str
+    schedule_id: str
+    scheduled_for: datetime
+    status: RunStatus | None
+    event_time: datetime
+    attempt: int = 1
+    worker_id: str = ""
+    error: str = ""
+    # Echoed from the run message: when it was enqueued, and whether anything follows its end.
+    enqueue_time: datetime | None = None
+    follow_up: FollowUp = FollowUp.UNKNOWN
+    # An outcome that also stands for the start (the worker merged both events).
+    start_time: datetime | None = None

@@ -12,12 +12,11 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from bucketer.cassandra import CassandraTimerStore
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore, RunEventRecord
-from scheduler.firing import STALE_RUN
-from scheduler.model import RunStatus, run_id_for
+from bucketer.cql import Write
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.model import STALE_RUN, FollowUp, RunEventRecord, RunStatus, run_id_for
 from scheduler.timers import RunTimer
 
 logger = logging.getLogger(__name__)
@@ -50,8 +49,10 @@ class RunReports:
 
     async def record(self, events: Sequence[RunEventRecord]) -> set[str]:
         """Records ``events``; returns the run ids among heartbeats that should cancel."""
-        await self._runs.record_events(events)
-        finished = [e for e in events if e.status in _TERMINAL]
+        await self._runs.record_events(events, now=self._clock())
+        # A run whose message said nothing follows its end (no dependents, no held-back run)
+        # costs no schedule read here.
+        finished = [e for e in events if e.status in _TERMINAL and e.follow_up is not FollowUp.NONE]
         if finished:
             await self._after_finish(finished)
         beats = [e.run_id for e in events if e.status is None]
@@ -76,7 +77,8 @@ class RunReports:
                             origin_run_id=e.run_id,
                         )
                     )
-        released: list[tuple[Any, Any, Sequence[Any]]] = []
+        released: list[Write] = []
+        to_clear: list[tuple[str, str]] = []
         for sid, s in schedules.items():
             if s.buffered is None:
                 continue
@@ -84,31 +86,27 @@ class RunReports:
             still = [r for r in s.in_progress(now, stale_after=STALE_RUN) if r not in done]
             if still:
                 continue
-            if await self._runs.clear_buffered(sid, s.buffered.to_json()):
-                timers.append(
-                    RunTimer(
-                        schedule_id=sid,
-                        run_id=s.buffered.run_id,
-                        scheduled_for=s.buffered.scheduled_for,
-                        fire_at=now,
-                        manual=s.buffered.manual,
-                    )
+            timers.append(
+                RunTimer(
+                    schedule_id=sid,
+                    run_id=s.buffered.run_id,
+                    scheduled_for=s.buffered.scheduled_for,
+                    fire_at=now,
+                    manual=s.buffered.manual,
                 )
-                # In progress from now on, not only once a dispatcher enqueues it: a slot due
-                # in between must see it (else both would run, defeating BUFFER_ONE).
-                released.append(
-                    (
-                        sid,
-                        self._schedules.q["add_running"],
-                        (int(now.timestamp() * 1_000_000), s.buffered.run_id, now, sid),
-                    )
-                )
-                logger.info(
-                    "released buffered run %s",
-                    s.buffered.run_id,
-                    extra={"schedule_id": sid, "run_id": s.buffered.run_id},
-                )
-        if released:
-            await self._runs.write(released)
+            )
+            # In progress from now on, not only once a dispatcher enqueues it: a slot due in
+            # between must see it (else both would run, defeating BUFFER_ONE).
+            released.append(self._schedules.mark_active(sid, s.buffered.run_id, now))
+            to_clear.append((sid, s.buffered.to_json()))
+        # The release timer is written before the buffer is cleared: a crash in between leaves
+        # the run held and released again later under the same run id, never lost. Concurrent
+        # replicas write the same timer (same id); the conditional clear lets one of them win.
         if timers:
-            await self._timers.put([t.to_timer(self._timers.shard_count) for t in timers], now=now)
+            await self._runs.write(
+                released
+                + self._timers.rows([t.to_timer(self._timers.shard_count) for t in timers], now=now)
+            )
+        for sid, held in to_clear:
+            if await self._runs.clear_buffered(sid, held):
+                logger.info("released the buffered run of %s", sid, extra={"schedule_id": sid})

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from bucketer.keys import shard_of
-from bucketer.model import Timer
+from bucketer.model import Timer, from_micros, micros
 from scheduler.model import UnsupportedVersion
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FIRE = "fire"
 RUN = "run"
 BACKFILL = "backfill"
@@ -45,8 +44,8 @@ class FireTimer:
         doc = {
             "v": _VERSION,
             "g": self.generation,
-            "slot_us": _us(self.slot),
-            "at_us": _us(self.scheduled_for),
+            "slot_us": micros(self.slot),
+            "at_us": micros(self.scheduled_for),
             "n": self.fired,
         }
         return _timer(
@@ -59,8 +58,8 @@ class FireTimer:
         return cls(
             schedule_id=timer.key,
             generation=int(doc["g"]),
-            slot=_from_us(doc["slot_us"]),
-            scheduled_for=_from_us(doc["at_us"]),
+            slot=from_micros(doc["slot_us"]),
+            scheduled_for=from_micros(doc["at_us"]),
             fired=int(doc.get("n", 0)),
         )
 
@@ -81,7 +80,7 @@ class RunTimer:
         doc: dict[str, Any] = {
             "v": _VERSION,
             "run": self.run_id,
-            "at_us": _us(self.scheduled_for),
+            "at_us": micros(self.scheduled_for),
             "manual": self.manual,
         }
         if self.origin_run_id:
@@ -97,7 +96,7 @@ class RunTimer:
         return cls(
             schedule_id=timer.key,
             run_id=doc["run"],
-            scheduled_for=_from_us(doc["at_us"]),
+            scheduled_for=from_micros(doc["at_us"]),
             fire_at=timer.fire_time,
             manual=bool(doc.get("manual", False)),
             origin_run_id=doc.get("origin", ""),
@@ -149,13 +148,3 @@ def _load(timer: Timer) -> dict[str, Any]:
     if doc.get("v", 0) > _VERSION:
         raise UnsupportedVersion(f"{timer.kind} timer version {doc['v']} is newer than {_VERSION}")
     return doc
-
-
-def _us(t: datetime) -> int:
-    # Microseconds, exactly: a slot read back must equal the spec's instant, or the next slot
-    # computed "strictly after" it could be the same one again.
-    return (t - _EPOCH) // timedelta(microseconds=1)
-
-
-def _from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)

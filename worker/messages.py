@@ -33,6 +33,8 @@ class RunTask:
     manual: bool
     # Seconds; None means the worker's default timeout.
     max_runtime: float | None
+    # RunMessage.follow_up, echoed in the run's events (0: not known).
+    follow_up: run_message_pb2.FollowUp.ValueType = run_message_pb2.FOLLOW_UP_UNSPECIFIED
     schema_version: int = SCHEMA_VERSION
 
 
@@ -80,6 +82,7 @@ def _to_task(msg: run_message_pb2.RunMessage) -> RunTask:
         attempt=msg.attempt,
         manual=msg.manual,
         max_runtime=max_runtime if max_runtime > 0 else None,
+        follow_up=msg.follow_up,
         # 0 is proto3's "unset": a producer that predates versioning wrote the first layout.
         schema_version=msg.schema_version or SCHEMA_VERSION,
     )
@@ -96,6 +99,7 @@ def encode_run_message(task: RunTask) -> bytes:
         payload=task.payload,
         attempt=task.attempt,
         manual=task.manual,
+        follow_up=task.follow_up,
     )
     msg.scheduled_for.FromDatetime(task.scheduled_for)
     if task.enqueue_time is not None:

@@ -1,10 +1,12 @@
 """Reporting run events to the API in batches.
 
-Every run produces at least two events (STARTED, then SUCCEEDED or FAILED), so one RPC per event
+Every run produces a STARTED and an outcome (SUCCEEDED, FAILED, CANCELLED), so one RPC per event
 would cost a round trip per run. :class:`RunReporter` gathers the events of all concurrent runs
-and sends them in one ``ReportRuns`` call every 20 ms (or as soon as 500 are waiting). Each
-``report()`` resolves only when the API acknowledged the batch that carried its event: the
-consumer commits a Kafka offset only after the run's outcome is recorded.
+and sends them in one ``ReportRuns`` call every 20 ms (or as soon as 500 are waiting). An outcome
+reported while its run's STARTED is still waiting replaces it, carrying the start time: a short
+run costs the API one event, not two. Each ``report()`` resolves only when the API acknowledged
+the batch that carried its event: the consumer commits a Kafka offset only after the run's
+outcome is recorded.
 
 While the API is unreachable the batch is resent with backoff, forever: an event is never
 dropped. (A batch the API rejects as invalid is split to find the offending events; those fail
@@ -49,6 +51,11 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+_OUTCOMES = frozenset(
+    {pb.RUN_EVENT_KIND_SUCCEEDED, pb.RUN_EVENT_KIND_FAILED, pb.RUN_EVENT_KIND_CANCELLED}
+)
+
+
 @dataclass(eq=False)
 class _Pending:
     event: pb.RunEvent
@@ -56,6 +63,26 @@ class _Pending:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     queued_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    # Callers whose events were merged into this one (a STARTED absorbed by its outcome).
+    merged: list[asyncio.Future[pb.RunEventAck]] = field(default_factory=list)
+
+    def resolve(self, ack: pb.RunEventAck | None, error: BaseException | None = None) -> None:
+        for f in (self.future, *self.merged):
+            if f.done():
+                continue
+            if error is not None:
+                f.set_exception(error)
+            else:
+                f.set_result(ack)  # type: ignore[arg-type]
+
+    def cancel(self) -> None:
+        for f in (self.future, *self.merged):
+            if not f.done():
+                f.cancel()
+
+
+def _run_key(event: pb.RunEvent) -> tuple[str, int]:
+    return event.run_id, event.attempt
 
 
 class RunReporter:
@@ -85,6 +112,9 @@ class RunReporter:
         self._call_timeout = call_timeout
         self._on_retry = on_retry
         self._queue: list[_Pending] = []
+        # STARTED events queued and not yet sent, by run: an outcome reported before its
+        # STARTED went out replaces it (one event, one write for the API, instead of two).
+        self._unsent_starts: dict[tuple[str, int], _Pending] = {}
         self._wakeup = asyncio.Event()
         self._full = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
@@ -117,7 +147,19 @@ class RunReporter:
         """
         if self._task is None or self._closing:
             raise RuntimeError("the reporter is not running")
+        if event.kind in _OUTCOMES:
+            start = self._unsent_starts.pop(_run_key(event), None)
+            if start is not None:
+                merged = pb.RunEvent()
+                merged.CopyFrom(event)
+                merged.start_time.CopyFrom(start.event.event_time)
+                start.event = merged
+                mine: asyncio.Future[pb.RunEventAck] = asyncio.get_running_loop().create_future()
+                start.merged.append(mine)
+                return await mine
         pending = _Pending(event)
+        if event.kind == pb.RUN_EVENT_KIND_STARTED:
+            self._unsent_starts[_run_key(event)] = pending
         self._queue.append(pending)
         self._wakeup.set()
         if len(self._queue) >= self._max_batch:
@@ -148,9 +190,9 @@ class RunReporter:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         for pending in self._queue:
-            if not pending.future.done():
-                pending.future.cancel()
+            pending.cancel()
         self._queue.clear()
+        self._unsent_starts.clear()
         if self._channel is not None:
             await self._channel.close()
         self._task = None
@@ -173,6 +215,10 @@ class RunReporter:
                     await asyncio.wait_for(self._full.wait(), wait)
             batch = self._queue[: self._max_batch]
             del self._queue[: len(batch)]
+            for pending in batch:
+                key = _run_key(pending.event)
+                if self._unsent_starts.get(key) is pending:
+                    del self._unsent_starts[key]
             await self._send(batch)
 
     async def _send(self, batch: Sequence[_Pending]) -> None:
@@ -200,8 +246,7 @@ class RunReporter:
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
             for pending, ack in zip(batch, acks, strict=True):
-                if not pending.future.done():
-                    pending.future.set_result(ack)
+                pending.resolve(ack)
             return
 
     async def _call(self, batch: Sequence[_Pending]) -> list[pb.RunEventAck]:
@@ -232,8 +277,7 @@ class RunReporter:
                 error.details(),
                 extra={"run_id": pending.event.run_id, "schedule_id": pending.event.schedule_id},
             )
-            if not pending.future.done():
-                pending.future.set_exception(ReportRejected(str(error.details())))
+            pending.resolve(None, ReportRejected(str(error.details())))
             return
         middle = len(batch) // 2
         await self._send(batch[:middle])

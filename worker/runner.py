@@ -1,4 +1,5 @@
-"""Running one run: report STARTED, call the handler under a timeout, report the outcome.
+"""Running one run: report STARTED (without waiting), call the handler under a timeout, report
+the outcome and wait for its acknowledgement.
 
 The runner owns everything between "a message arrived" and "its outcome is acknowledged": the
 consumer only decides which messages to run and when to commit.
@@ -117,23 +118,26 @@ class Runner:
         duration = 0.0
         error = ""
         cancelled = False
+        state = _RunState()
+        # STARTED goes out without holding the handler back: waiting for its ack would put a
+        # round trip to the API (and a report batch's wait) before every handler. A short run's
+        # STARTED still queued when it ends travels in the same event as its outcome (the
+        # reporter merges them). An operator's cancel comes back on the STARTED ack (or a later
+        # heartbeat's) and stops the handler; one seen before the handler began skips it.
+        self._send_in_background(task, pb.RUN_EVENT_KIND_STARTED, state, started_at)
+        self._started.inc()
+        self._start_lag.observe(max(lag, 0.0))
         try:
-            # Awaited: the API knows the run is RUNNING before the handler does anything, an
-            # operator's cancel is seen before the start, and while the API is unreachable no
-            # new run starts (work whose outcome cannot be recorded only piles up).
-            ack = await self._report(task, pb.RUN_EVENT_KIND_STARTED)
-            self._started.inc()
-            self._start_lag.observe(max(lag, 0.0))
-            if ack.cancel_requested:
-                error = "cancelled by an operator before it started"
-                cancelled = True
+            await asyncio.sleep(0)  # let the STARTED event reach the reporter first
+            try:
+                fn = self._registry.get(task.handler)
+            except UnknownHandler as e:
+                error = str(e)
             else:
-                try:
-                    fn = self._registry.get(task.handler)
-                except UnknownHandler as e:
-                    error = str(e)
+                if state.cancel_requested:
+                    error = "cancelled by an operator before it started"
+                    cancelled = True
                 else:
-                    state = _RunState()
                     ctx = self._context(task, state)
                     loop = asyncio.get_running_loop()
                     t0 = loop.time()
@@ -256,15 +260,32 @@ class Runner:
         if explicit and now - state.last_heartbeat < MIN_HEARTBEAT_SPACING:
             return
         state.last_heartbeat = now
-        sent = asyncio.ensure_future(self._report(task, pb.RUN_EVENT_KIND_HEARTBEAT))
-        # The event is delivered even if we stop waiting for it: keep a reference until then.
+        sent = self._send_in_background(task, pb.RUN_EVENT_KIND_HEARTBEAT, state)
+        await asyncio.wait({sent}, timeout=HEARTBEAT_ACK_WAIT)
+
+    def _send_in_background(
+        self,
+        task: RunTask,
+        kind: pb.RunEventKind.ValueType,
+        state: _RunState,
+        at: datetime | None = None,
+    ) -> asyncio.Future[pb.RunEventAck]:
+        """Reports an event without waiting for it; a cancel request on its ack is applied."""
+        sent = asyncio.ensure_future(self._report(task, kind, at=at))
+        # The event is delivered even if nobody waits for it: keep a reference until then.
         self._background.add(sent)
         sent.add_done_callback(self._forget)
-        done, _ = await asyncio.wait({sent}, timeout=HEARTBEAT_ACK_WAIT)
-        acked = sent in done and not sent.cancelled() and sent.exception() is None
-        if acked and sent.result().cancel_requested:
-            logger.info("run %s: an operator asked to cancel it", task.run_id, extra=_ids(task))
-            state.request_cancel()
+
+        def on_ack(f: asyncio.Future[pb.RunEventAck]) -> None:
+            if not f.cancelled() and f.exception() is None and f.result().cancel_requested:
+                if not state.cancel_requested:
+                    logger.info(
+                        "run %s: an operator asked to cancel it", task.run_id, extra=_ids(task)
+                    )
+                state.request_cancel()
+
+        sent.add_done_callback(on_ack)
+        return sent
 
     def _forget(self, future: asyncio.Future[pb.RunEventAck]) -> None:
         self._background.discard(future)
@@ -272,7 +293,12 @@ class Runner:
             logger.warning("a heartbeat was not delivered: %s", future.exception())
 
     async def _report(
-        self, task: RunTask, kind: pb.RunEventKind.ValueType, *, error: str = ""
+        self,
+        task: RunTask,
+        kind: pb.RunEventKind.ValueType,
+        *,
+        error: str = "",
+        at: datetime | None = None,
     ) -> pb.RunEventAck:
         event = pb.RunEvent(
             kind=kind,
@@ -281,9 +307,12 @@ class Runner:
             attempt=task.attempt,
             worker_id=self._worker_id,
             error=error,
+            follow_up=task.follow_up,
         )
         event.scheduled_for.FromDatetime(task.scheduled_for)
-        event.event_time.FromDatetime(datetime.now(UTC))
+        event.event_time.FromDatetime(at or datetime.now(UTC))
+        if task.enqueue_time is not None:
+            event.enqueue_time.FromDatetime(task.enqueue_time)
         return await self._reporter.report(event)
 
 

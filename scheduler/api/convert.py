@@ -7,17 +7,18 @@ from datetime import UTC, datetime, timedelta
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from cronscale.v1 import run_message_pb2, schedule_pb2
 from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
-from cronscale.v1 import schedule_pb2
-from scheduler.cassandra import RunEventRecord
 from scheduler.errors import InvalidArgument
 from scheduler.model import (
     DEFAULT_CATCH_UP_WINDOW,
     DEFAULT_MAX_CATCH_UP,
     DEFAULT_TENANT,
+    FollowUp,
     MisfireMode,
     OverlapMode,
     Run,
+    RunEventRecord,
     RunStatus,
     Schedule,
     SchedulePolicies,
@@ -49,6 +50,9 @@ _EVENT_STATUS: dict[int, RunStatus | None] = {
     rr_pb2.RUN_EVENT_KIND_FAILED: RunStatus.FAILED,
     rr_pb2.RUN_EVENT_KIND_CANCELLED: RunStatus.CANCELLED,
 }
+_OUTCOMES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+# Run rows order their status cells by attempt (scheduler.cassandra.run_cell_time).
+MAX_ATTEMPT = 1_000_000
 
 
 _MISFIRE = {
@@ -331,6 +335,10 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
         raise InvalidArgument(f"{where}.schedule_id", "is required")
     if not e.HasField("scheduled_for"):
         raise InvalidArgument(f"{where}.scheduled_for", "is required")
+    if not 0 <= e.attempt <= MAX_ATTEMPT:
+        raise InvalidArgument(f"{where}.attempt", f"must be between 1 and {MAX_ATTEMPT}")
+    if e.HasField("start_time") and _EVENT_STATUS[e.kind] not in _OUTCOMES:
+        raise InvalidArgument(f"{where}.start_time", "is only for SUCCEEDED, FAILED or CANCELLED")
     return RunEventRecord(
         run_id=e.run_id,
         schedule_id=e.schedule_id,
@@ -340,4 +348,13 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
         attempt=e.attempt or 1,
         worker_id=e.worker_id,
         error=e.error,
+        enqueue_time=from_ts(e.enqueue_time) if e.HasField("enqueue_time") else None,
+        follow_up=_FOLLOW_UP.get(e.follow_up, FollowUp.UNKNOWN),
+        start_time=from_ts(e.start_time) if e.HasField("start_time") else None,
     )
+
+
+_FOLLOW_UP = {
+    run_message_pb2.FOLLOW_UP_NONE: FollowUp.NONE,
+    run_message_pb2.FOLLOW_UP_REQUIRED: FollowUp.REQUIRED,
+}

@@ -166,3 +166,41 @@ async def test_a_shard_claimed_between_reads_loses_nothing(store: CassandraTimer
     await scanner.read(datetime.now(UTC))
     await scanner.fire_due()
     assert [t.timer_id for t in fired] == ["missed"]
+
+
+async def test_a_herd_larger_than_a_read_drains_completely(store: CassandraTimerStore) -> None:
+    """Loss path 3: a partition with more due timers than one read takes (limit + 10 pages)
+    never advanced its read point, so later timers were never read and the reads spun. Here a
+    read takes 200 rows (limit 50, 3 pages) and 3,000 timers are due in the same second."""
+    shard = 2
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner="herd", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    now = datetime.now(UTC)
+    at = now - timedelta(seconds=3)
+    herd = [
+        Timer(fire_time=at, timer_id=f"herd-{i:05d}", shard=shard, kind="t", key="h")
+        for i in range(3000)
+    ]
+    await store.put(herd, now=at)
+    fired: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(t.timer_id for t in batch)
+
+    scanner = WheelScanner(
+        store, on_due, per_shard_limit=50, pages_per_read=3, grace=timedelta(seconds=1)
+    )
+    await scanner.add_shard(claimed)
+    for _ in range(40):
+        more = await scanner.read(datetime.now(UTC))
+        await scanner.fire_due()
+        await scanner.record_progress()
+        if not more and len(fired) >= len(herd):
+            break
+    assert len(fired) == len(herd) and set(fired) == {t.timer_id for t in herd}
+    # Progress passed the herd: a new owner would not fire it again.
+    p = scanner.shards[shard]
+    assert p.cursors == {} and p.after(minute_bucket(at)) > (at, "herd-99999")

@@ -56,11 +56,16 @@ class Recorder(pb_grpc.RunReportingServiceServicer):
     HeartbeatRun = CompleteRun = StartRun
 
     def kinds(self, run_id: str) -> list[str]:
-        return [
-            pb.RunEventKind.Name(e.kind).removeprefix("RUN_EVENT_KIND_")
-            for e in self.events
-            if e.run_id == run_id and e.kind != pb.RUN_EVENT_KIND_HEARTBEAT
-        ]
+        """The run's events by kind; an outcome that carries its start (the worker merged a
+        STARTED still unsent into it) counts as both."""
+        out: list[str] = []
+        for e in self.events:
+            if e.run_id != run_id or e.kind == pb.RUN_EVENT_KIND_HEARTBEAT:
+                continue
+            if e.HasField("start_time"):
+                out.append("STARTED")
+            out.append(pb.RunEventKind.Name(e.kind).removeprefix("RUN_EVENT_KIND_"))
+        return out
 
     def finished(self) -> set[str]:
         done = (pb.RUN_EVENT_KIND_SUCCEEDED, pb.RUN_EVENT_KIND_FAILED)
@@ -224,6 +229,7 @@ async def test_runs_reports_and_commits_every_message(config: WorkerConfig) -> N
         else:
             assert recorder.kinds(run_id) == ["STARTED", "SUCCEEDED"], run_id
     started = next(e for e in recorder.events if e.run_id == "run-1")
+    assert started.kind == pb.RUN_EVENT_KIND_STARTED or started.HasField("start_time")
     assert (started.schedule_id, started.attempt, started.worker_id) == (
         "sched-run-1",
         1,

@@ -9,7 +9,6 @@ import pytest
 
 from bucketer.keys import shard_of
 from scheduler.backfill import (
-    STALE_RUN,
     BackfillRow,
     RunProgress,
     backfill_id_for,
@@ -22,6 +21,7 @@ from scheduler.backfill import (
 )
 from scheduler.errors import InvalidArgument
 from scheduler.model import (
+    STALE_RUN,
     RunStatus,
     Schedule,
     ScheduleSpec,

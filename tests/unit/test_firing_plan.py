@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.firing import STALE_RUN, FiringPlan, plan_fire
+from scheduler.firing import FiringPlan, plan_fire
 from scheduler.model import (
+    STALE_RUN,
     BufferedRun,
     MisfireMode,
     OverlapMode,
@@ -29,7 +30,8 @@ def _schedule(
     *,
     tz: str = "UTC",
     policies: SchedulePolicies | None = None,
-    running: dict[str, datetime] | None = None,
+    active: tuple[str, datetime] | None = None,
+    done: str = "",
     buffered: BufferedRun | None = None,
     max_runs: int = 0,
     gap: GapPolicy | None = None,
@@ -42,7 +44,9 @@ def _schedule(
         ),
         generation=7,
         policies=policies or SchedulePolicies(),
-        running=running or {},
+        active_run=active[0] if active else "",
+        active_seen=active[1] if active else None,
+        done_run=done,
         buffered=buffered,
     )
 
@@ -112,7 +116,7 @@ def test_small_lag_is_not_a_misfire() -> None:
 @pytest.mark.parametrize("mode", list(OverlapMode))
 def test_overlap_policies_with_a_run_in_progress(mode: OverlapMode) -> None:
     now = T0 + timedelta(milliseconds=200)
-    s = _schedule(policies=SchedulePolicies(overlap=mode), running={"s1@prev": now})
+    s = _schedule(policies=SchedulePolicies(overlap=mode), active=("s1@prev", now))
     plan = _plan(s, _timer(T0), now)
     if mode is OverlapMode.SKIP:
         assert plan.enqueue == [] and [r.skip_reason for r in plan.skipped] == ["overlap"]
@@ -131,7 +135,7 @@ def test_buffer_one_holds_only_one() -> None:
     held = BufferedRun(run_id="s1@held", scheduled_for=T0 - timedelta(minutes=1))
     s = _schedule(
         policies=SchedulePolicies(overlap=OverlapMode.BUFFER_ONE),
-        running={"s1@prev": now},
+        active=("s1@prev", now),
         buffered=held,
     )
     plan = _plan(s, _timer(T0), now)
@@ -140,8 +144,40 @@ def test_buffer_one_holds_only_one() -> None:
 
 def test_a_stale_run_in_progress_does_not_block() -> None:
     now = T0 + timedelta(milliseconds=200)
-    s = _schedule(running={"s1@lost": now - STALE_RUN - timedelta(seconds=1)})
+    s = _schedule(active=("s1@lost", now - STALE_RUN - timedelta(seconds=1)))
     assert len(_plan(s, _timer(T0), now).enqueue) == 1
+
+
+def test_a_finished_run_does_not_block() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = _schedule(active=("s1@prev", now), done="s1@prev")
+    assert len(_plan(s, _timer(T0), now).enqueue) == 1
+
+
+@pytest.mark.parametrize("mode", list(OverlapMode))
+def test_a_refired_slot_produces_the_same_run_again(mode: OverlapMode) -> None:
+    """Loss path 1: rows written, the produce failed, the batch is fired again. The slot's own
+    earlier attempt is recorded as the schedule's active run; it must not count as another run
+    in progress, under any overlap policy."""
+    now = T0 + timedelta(milliseconds=200)
+    first = _plan(_schedule(policies=SchedulePolicies(overlap=mode)), _timer(T0), now)
+    [(_s, run)] = first.enqueue
+    again = _schedule(policies=SchedulePolicies(overlap=mode), active=(run.run_id, now))
+    second = _plan(again, _timer(T0), now + timedelta(seconds=1))
+    assert [r.run_id for _s, r in second.enqueue] == [run.run_id]
+    assert second.skipped == [] and second.buffered == [] and second.cancel == []
+
+
+def test_a_refired_buffered_slot_is_buffered_again_not_skipped() -> None:
+    """A BUFFER_ONE slot held back by the batch's first attempt is held again on refire: a
+    SKIPPED record would contradict the run the buffer later releases under the same id."""
+    now = T0 + timedelta(milliseconds=200)
+    policies = SchedulePolicies(overlap=OverlapMode.BUFFER_ONE)
+    first = _plan(_schedule(policies=policies, active=("s1@prev", now)), _timer(T0), now)
+    [(_s, held)] = first.buffered
+    again = _schedule(policies=policies, active=("s1@prev", now), buffered=held)
+    second = _plan(again, _timer(T0), now + timedelta(seconds=1))
+    assert [b.run_id for _s, b in second.buffered] == [held.run_id] and second.skipped == []
 
 
 def test_max_runs_completes_the_schedule() -> None:

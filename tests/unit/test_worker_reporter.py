@@ -127,3 +127,40 @@ async def test_report_after_close_is_an_error(api: tuple[Recorder, int]) -> None
     await reporter.close()
     with pytest.raises(RuntimeError):
         await reporter.report(event("late"))
+
+
+async def test_an_outcome_replaces_its_unsent_started(api: tuple[Recorder, int]) -> None:
+    """A run that ends before its STARTED went out costs one event: the outcome, carrying the
+    start time; both callers get the ack."""
+    recorder, port = api
+    async with RunReporter(f"127.0.0.1:{port}", flush_interval=0.2) as reporter:
+        started = event("r1")
+        started.event_time.FromSeconds(1_000)
+        start_ack = asyncio.ensure_future(reporter.report(started))
+        await asyncio.sleep(0)
+        done = await reporter.report(event("r1", pb.RUN_EVENT_KIND_SUCCEEDED))
+        assert (await start_ack).run_id == done.run_id == "r1"
+    [[sent]] = recorder.batches
+    assert sent.kind == pb.RUN_EVENT_KIND_SUCCEEDED
+    assert sent.start_time.seconds == 1_000
+
+
+async def test_a_started_already_sent_is_not_merged(api: tuple[Recorder, int]) -> None:
+    recorder, port = api
+    async with RunReporter(f"127.0.0.1:{port}") as reporter:
+        await reporter.report(event("r1"))
+        await reporter.report(event("r1", pb.RUN_EVENT_KIND_FAILED))
+        # Another attempt's outcome never absorbs this attempt's STARTED.
+        other = event("r2")
+        pending = asyncio.ensure_future(reporter.report(other))
+        await asyncio.sleep(0)
+        retry = event("r2", pb.RUN_EVENT_KIND_FAILED)
+        retry.attempt = 2
+        await asyncio.gather(pending, reporter.report(retry))
+    kinds = [(e.run_id, e.kind, e.HasField("start_time")) for b in recorder.batches for e in b]
+    assert kinds == [
+        ("r1", pb.RUN_EVENT_KIND_STARTED, False),
+        ("r1", pb.RUN_EVENT_KIND_FAILED, False),
+        ("r2", pb.RUN_EVENT_KIND_STARTED, False),
+        ("r2", pb.RUN_EVENT_KIND_FAILED, False),
+    ]

@@ -172,7 +172,7 @@ async def test_a_cancel_before_start_skips_the_handler() -> None:
     registry.register("x", lambda ctx: called.append(True))
     outcome = await runner.run(task("x"))
     assert not called
-    assert outcome.error == "cancelled by an operator before it started"
+    assert outcome.error.startswith("cancelled by an operator")
     assert outcome.cancelled
     assert reporter.kinds() == ["STARTED", "CANCELLED"]
 

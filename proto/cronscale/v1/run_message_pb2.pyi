@@ -11,6 +11,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -21,6 +22,29 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _FollowUp:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FollowUpEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FollowUp.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FOLLOW_UP_UNSPECIFIED: _FollowUp.ValueType  # 0
+    """Not known (an older dispatcher or worker): the API reads the schedule when the run ends."""
+    FOLLOW_UP_NONE: _FollowUp.ValueType  # 1
+    """Nothing follows: the API records the outcome without reading the schedule."""
+    FOLLOW_UP_REQUIRED: _FollowUp.ValueType  # 2
+    """Dependents or a held-back run may follow: the API reads the schedule when the run ends."""
+
+class FollowUp(_FollowUp, metaclass=_FollowUpEnumTypeWrapper): ...
+
+FOLLOW_UP_UNSPECIFIED: FollowUp.ValueType  # 0
+"""Not known (an older dispatcher or worker): the API reads the schedule when the run ends."""
+FOLLOW_UP_NONE: FollowUp.ValueType  # 1
+"""Nothing follows: the API records the outcome without reading the schedule."""
+FOLLOW_UP_REQUIRED: FollowUp.ValueType  # 2
+"""Dependents or a held-back run may follow: the API reads the schedule when the run ends."""
+Global___FollowUp: _TypeAlias = FollowUp  # noqa: Y015
 
 @_typing.final
 class RunMessage(_message.Message):
@@ -37,6 +61,7 @@ class RunMessage(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     MANUAL_FIELD_NUMBER: _builtins.int
     MAX_RUNTIME_FIELD_NUMBER: _builtins.int
+    FOLLOW_UP_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     """1 for this layout."""
     run_id: _builtins.str
@@ -46,6 +71,10 @@ class RunMessage(_message.Message):
     payload: _builtins.bytes
     attempt: _builtins.int
     manual: _builtins.bool
+    follow_up: Global___FollowUp.ValueType
+    """Whether the API has work to do when this run finishes (the schedule has dependents, or its
+    overlap policy holds runs back); workers echo it in their terminal event.
+    """
     @_builtins.property
     def scheduled_for(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -68,10 +97,11 @@ class RunMessage(_message.Message):
         attempt: _builtins.int = ...,
         manual: _builtins.bool = ...,
         max_runtime: _duration_pb2.Duration | None = ...,
+        follow_up: Global___FollowUp.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "max_runtime", b"max_runtime", "scheduled_for", b"scheduled_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "handler", b"handler", "manual", b"manual", "max_runtime", b"max_runtime", "payload", b"payload", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "schema_version", b"schema_version", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "follow_up", b"follow_up", "handler", b"handler", "manual", b"manual", "max_runtime", b"max_runtime", "payload", b"payload", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "schema_version", b"schema_version", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,7 @@ written in other languages that prefer them.
 """
 
 from collections import abc as _abc
+from cronscale.v1 import run_message_pb2 as _run_message_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -62,6 +63,9 @@ class RunEvent(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     EVENT_TIME_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    ENQUEUE_TIME_FIELD_NUMBER: _builtins.int
+    FOLLOW_UP_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
     kind: Global___RunEventKind.ValueType
     run_id: _builtins.str
     schedule_id: _builtins.str
@@ -69,6 +73,8 @@ class RunEvent(_message.Message):
     worker_id: _builtins.str
     error: _builtins.str
     """FAILED, CANCELLED: the error text (truncated to 4 KiB by the server)."""
+    follow_up: _run_message_pb2.FollowUp.ValueType
+    """Echoed from the run message (RunMessage.follow_up)."""
     @_builtins.property
     def scheduled_for(self) -> _timestamp_pb2.Timestamp:
         """Echoed from the run message."""
@@ -76,6 +82,18 @@ class RunEvent(_message.Message):
     @_builtins.property
     def event_time(self) -> _timestamp_pb2.Timestamp:
         """When it happened on the worker."""
+
+    @_builtins.property
+    def enqueue_time(self) -> _timestamp_pb2.Timestamp:
+        """Echoed from the run message: orders the schedule's overlap bookkeeping by enqueue, not by
+        any worker's clock.
+        """
+
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """On a SUCCEEDED, FAILED or CANCELLED event: when the handler started. A worker whose run
+        ended before its STARTED event was sent reports both in this one event.
+        """
 
     def __init__(
         self,
@@ -88,10 +106,13 @@ class RunEvent(_message.Message):
         worker_id: _builtins.str = ...,
         event_time: _timestamp_pb2.Timestamp | None = ...,
         error: _builtins.str = ...,
+        enqueue_time: _timestamp_pb2.Timestamp | None = ...,
+        follow_up: _run_message_pb2.FollowUp.ValueType = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event_time", b"event_time", "scheduled_for", b"scheduled_for"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "event_time", b"event_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "event_time", b"event_time", "kind", b"kind", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,193 @@
+"""Run rows and the schedule's overlap cells against the real Cassandra: ordering that no
+worker clock decides, and no tombstones on a schedule row touched at every firing."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from cassandra.cluster import Session
+
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.config import Config
+from scheduler.model import (
+    STALE_RUN,
+    Run,
+    RunEventRecord,
+    RunStatus,
+    Schedule,
+    ScheduleSpec,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
+
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+
+
+@pytest.fixture
+def stores(session: Session, migrated: Config) -> tuple[CassandraScheduleStore, CassandraRunStore]:
+    schedules = CassandraScheduleStore(session, keyspace=migrated.keyspace)
+    return schedules, CassandraRunStore(session, schedules)
+
+
+async def _schedule(schedules: CassandraScheduleStore, schedule_id: str) -> Schedule:
+    s = Schedule(
+        schedule_id=schedule_id,
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.CRON, cron="* * * * * *"),
+        generation=new_generation(),
+        create_time=T0,
+        update_time=T0,
+    )
+    await schedules.create(s)
+    return s
+
+
+def _enqueued(s: Schedule, at: datetime, *, attempt: int = 1) -> Run:
+    return Run(
+        run_id=run_id_for(s.schedule_id, at),
+        schedule_id=s.schedule_id,
+        scheduled_for=at,
+        status=RunStatus.ENQUEUED,
+        attempt=attempt,
+        handler=s.handler,
+        tenant=s.tenant,
+        enqueue_time=at,
+    )
+
+
+def _event(run: Run, status: RunStatus | None, at: datetime, **kw: object) -> RunEventRecord:
+    return RunEventRecord(
+        run_id=run.run_id,
+        schedule_id=run.schedule_id,
+        scheduled_for=run.scheduled_for,
+        status=status,
+        event_time=at,
+        attempt=run.attempt,
+        enqueue_time=run.enqueue_time,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _fire(
+    schedules: CassandraScheduleStore, runs: CassandraRunStore, run: Run, now: datetime
+) -> None:
+    """What a dispatcher writes for an enqueued run (scheduler.firing.Firing._apply)."""
+    assert run.enqueue_time is not None
+    await runs.write(
+        [*runs.insert_rows([run]), schedules.mark_active(run.schedule_id, run.run_id, now)]
+    )
+
+
+async def test_a_worker_clock_behind_does_not_lose_its_reports(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """Loss path 8: a worker 200 ms behind reported RUNNING and SUCCEEDED stamped before the
+    slot; the ENQUEUED record (stamped at the slot) won, and history showed ENQUEUED forever,
+    with the run left in progress on its schedule."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "clock-behind")
+    run = _enqueued(s, T0)
+    await _fire(schedules, runs, run, T0)
+    behind = T0 - timedelta(milliseconds=200)
+    await runs.record_events([_event(run, RunStatus.RUNNING, behind)], now=T0)
+    await runs.record_events(
+        [_event(run, RunStatus.SUCCEEDED, behind + timedelta(milliseconds=5))], now=T0
+    )
+    assert (await runs.get(run.run_id)).status is RunStatus.SUCCEEDED
+    after = await schedules.get(s.schedule_id)
+    assert after.in_progress(T0 + timedelta(seconds=1), stale_after=STALE_RUN) == []
+
+
+async def test_an_outcome_landing_before_the_enqueue_record_still_wins(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """Rows and the Kafka message go out together: a fast worker's outcome can land first."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "outcome-first")
+    run = _enqueued(s, T0)
+    started = T0 + timedelta(milliseconds=3)
+    await runs.record_events(
+        [_event(run, RunStatus.SUCCEEDED, started, start_time=started)], now=T0
+    )
+    await _fire(schedules, runs, run, T0)  # the dispatcher's write lands late
+    stored = await runs.get(run.run_id)
+    assert (stored.status, stored.start_time) == (RunStatus.SUCCEEDED, started)
+    after = await schedules.get(s.schedule_id)
+    assert after.in_progress(T0 + timedelta(seconds=1), stale_after=STALE_RUN) == []
+
+
+async def test_a_late_outcome_of_an_earlier_attempt_does_not_overwrite_the_next(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    schedules, runs = stores
+    s = await _schedule(schedules, "stale-attempt")
+    first = _enqueued(s, T0)
+    await _fire(schedules, runs, first, T0)
+    second = _enqueued(s, T0, attempt=2)
+    await _fire(schedules, runs, second, T0 + timedelta(seconds=30))
+    await runs.record_events(
+        [_event(first, RunStatus.FAILED, T0 + timedelta(seconds=40), error="late")], now=T0
+    )
+    stored = await runs.get(first.run_id)
+    assert (stored.status, stored.attempt) == (RunStatus.ENQUEUED, 2)
+
+
+async def test_finished_runs_are_ordered_by_enqueue_not_by_report_arrival(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """The schedule's later run is in progress until its own outcome, even when the earlier
+    run's outcome arrives after it."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "order")
+    a = _enqueued(s, T0)
+    b = _enqueued(s, T0 + timedelta(seconds=1))
+    now = T0 + timedelta(seconds=2)
+    await _fire(schedules, runs, a, T0)
+    await _fire(schedules, runs, b, T0 + timedelta(seconds=1))
+    assert (await schedules.get(s.schedule_id)).in_progress(now, stale_after=STALE_RUN) == [
+        b.run_id
+    ]
+    await runs.record_events([_event(b, RunStatus.SUCCEEDED, now)], now=now)
+    await runs.record_events([_event(a, RunStatus.SUCCEEDED, now)], now=now)  # late
+    assert (await schedules.get(s.schedule_id)).in_progress(now, stale_after=STALE_RUN) == []
+
+
+def _tombstones_read(session: Session, schedules: CassandraScheduleStore, schedule_id: str) -> int:
+    """The tombstone cells a read of the schedule row went through, as Cassandra traces it."""
+    result = session.execute(schedules.q["get_schedule"], (schedule_id,), trace=True)
+    trace = result.get_query_trace(max_wait_sec=10)
+    found = [
+        re.search(r"Read \d+ live rows and (\d+) tombstone cells", e.description)
+        for e in trace.events
+    ]
+    counts = [int(m[1]) for m in found if m]
+    assert counts, "the trace should say how many tombstone cells the read met"
+    return sum(counts)
+
+
+async def test_firing_and_reporting_leave_no_tombstones_on_the_schedule_row(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore], session: Session
+) -> None:
+    """Loss path 6: the in-progress map took a tombstone per run; an every-second schedule
+    crossed the tombstone failure threshold (100,000) in about a day, and then reading it
+    failed. Cassandra's trace of a read reports the tombstone cells it went through: 300
+    runs fired and reported must not add any."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "no-tombstones")
+    before = _tombstones_read(session, schedules, s.schedule_id)
+    for i in range(300):
+        at = T0 + timedelta(seconds=i)
+        run = _enqueued(s, at)
+        await _fire(schedules, runs, run, at)
+        await runs.record_events(
+            [
+                _event(run, RunStatus.RUNNING, at),
+                _event(run, None, at),
+                _event(run, RunStatus.SUCCEEDED, at),
+            ],
+            now=at,
+        )
+    assert _tombstones_read(session, schedules, s.schedule_id) == before
