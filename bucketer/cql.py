@@ -15,15 +15,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cassandra import ConsistencyLevel
+from cassandra import (
+    ConsistencyLevel,
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteTimeout,
+)
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
     ExecutionProfile,
+    NoHostAvailable,
     ResponseFuture,
     Session,
 )
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.protocol import OverloadedErrorMessage
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
 logger = logging.getLogger(__name__)
@@ -35,18 +43,33 @@ _NAME = re.compile(r"^--\s*name:\s*(?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE
 BATCH_ROWS = 100
 
 
+Params = Sequence[Any] | Mapping[str, Any]
+"""Statement parameters: positional for ``?`` markers, by name for ``:name`` markers."""
+
+
 class Write(NamedTuple):
     """One row write for :func:`write_grouped`: the partition it lands in (any hashable that
     names it), the prepared statement and its parameters."""
 
     partition: Any
     statement: PreparedStatement
-    # Positional for ``?`` markers, by name for ``:name`` markers.
-    params: Sequence[Any] | Mapping[str, Any]
+    params: Params
 
 
 class StorageUnavailable(Exception):
     """Cassandra could not be reached or did not answer."""
+
+
+# Driver errors that say Cassandra was unreachable, overloaded or slow: retrying may succeed.
+TRANSIENT_STORAGE_ERRORS: tuple[type[BaseException], ...] = (
+    StorageUnavailable,
+    OperationTimedOut,
+    NoHostAvailable,
+    Unavailable,
+    ReadTimeout,
+    WriteTimeout,
+    OverloadedErrorMessage,
+)
 
 
 def parse_named_queries(text: str) -> dict[str, str]:
@@ -138,9 +161,7 @@ def first(rows: Sequence[Any]) -> Any:
     return rows[0] if rows else None
 
 
-async def aexecute(
-    session: Session, statement: Any, params: Sequence[Any] | None = None
-) -> list[Any]:
+async def aexecute(session: Session, statement: Any, params: Params | None = None) -> list[Any]:
     """Runs a statement without blocking the event loop; returns the first page of rows."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[list[Any]] = loop.create_future()
@@ -164,9 +185,7 @@ async def aexecute(
     return await fut
 
 
-async def aexecute_all(
-    session: Session, statement: Any, params: Sequence[Any] | None = None
-) -> list[Any]:
+async def aexecute_all(session: Session, statement: Any, params: Params | None = None) -> list[Any]:
     """Like ``aexecute`` but follows every page (for multi-partition reads)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[list[Any]] = loop.create_future()
@@ -196,7 +215,7 @@ async def aexecute_all(
 
 
 async def execute_conditional(
-    session: Session, statement: Any, params: Sequence[Any] | None = None
+    session: Session, statement: Any, params: Params | None = None
 ) -> tuple[bool, dict[str, Any]]:
     """Runs an LWT; returns (applied, the current values Cassandra returned when not applied)."""
     rows = await aexecute(session, statement, params)
@@ -213,9 +232,9 @@ async def execute_conditional(
 
 def partition_groups(
     items: Iterable[Write],
-) -> dict[Any, list[tuple[PreparedStatement, Sequence[Any] | Mapping[str, Any]]]]:
+) -> dict[Any, list[tuple[PreparedStatement, Params]]]:
     """Groups writes by partition, keeping order."""
-    groups: dict[Any, list[tuple[PreparedStatement, Sequence[Any] | Mapping[str, Any]]]] = {}
+    groups: dict[Any, list[tuple[PreparedStatement, Params]]] = {}
     for key, stmt, params in items:
         groups.setdefault(key, []).append((stmt, params))
     return groups

@@ -32,7 +32,16 @@ from bucketer.model import Checkpoint, ShardLease, Timer
 logger = logging.getLogger(__name__)
 
 OnDue = Callable[[list[Timer]], Awaitable[None]]
+OnPoison = Callable[[Timer, BaseException], Awaitable[None]]
 Position = tuple[datetime, str]
+
+# A timer that failed alone this many rounds, while other timers were handed fine, is poison
+# even when its error looks transient.
+POISON_STRIKES = 5
+
+
+def _transient_by_default(error: BaseException) -> bool:
+    return isinstance(error, OSError | TimeoutError)
 
 
 def _utcnow() -> datetime:
@@ -85,6 +94,8 @@ class WheelScanner:
         checkpoint_every: timedelta = timedelta(seconds=2),
         coalesce: timedelta = timedelta(milliseconds=25),
         clock: Callable[[], datetime] = _utcnow,
+        on_poison: OnPoison | None = None,
+        is_transient: Callable[[BaseException], bool] | None = None,
     ) -> None:
         self._coalesce = coalesce.total_seconds()
         self._store = store
@@ -99,6 +110,10 @@ class WheelScanner:
         self._chunk = shards_per_query
         self._checkpoint_every = checkpoint_every.total_seconds()
         self._clock = clock
+        self._on_poison = on_poison
+        self._is_transient = is_transient or _transient_by_default
+        self._strikes: dict[Position, int] = {}
+        self._round_ok = False
         self.shards: dict[int, ShardProgress] = {}
         self._wake = asyncio.Event()
 
@@ -230,23 +245,75 @@ class WheelScanner:
 
     async def fire_due(self) -> int:
         """Hands every pending timer that is due to ``on_due``, in batches, oldest first;
-        returns how many were handed."""
+        returns how many were handed.
+
+        A batch that fails is split in halves and each half handed again, down to single
+        timers, so one timer whose firing raises (poison) cannot hold up the others. A single
+        timer whose error is not transient (or that failed alone ``POISON_STRIKES`` rounds
+        while others went through) goes to ``on_poison`` and counts as handed. A transient
+        error with nothing handed in the round (Cassandra or Kafka down) is raised: the round
+        stops and the timers are tried again next tick.
+        """
         now = self._clock()
         due = sorted(
             (t for p in self.shards.values() for t in p.pending.values() if t.fire_time <= now),
             key=lambda t: t.position,
         )
+        self._round_ok = False
         for start in range(0, len(due), self._batch):
-            batch = due[start : start + self._batch]
+            await self._deliver(due[start : start + self._batch])
+        return len(due)
+
+    async def _deliver(self, batch: list[Timer]) -> None:
+        try:
             await self._on_due(batch)
-            for t in batch:
-                p = self.shards.get(t.shard)
-                if p is None:
-                    continue
-                p.pending.pop(t.position, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                await self._deliver(batch[:middle])
+                await self._deliver(batch[middle:])
+                return
+            await self._poisoned(batch[0], e)
+        else:
+            self._round_ok = True
+            if self._strikes:
+                for t in batch:
+                    self._strikes.pop(t.position, None)
+        self._mark_handed(batch)
+
+    async def _poisoned(self, t: Timer, error: Exception) -> None:
+        """A single timer failed: quarantine it if it is poison, else raise ``error``."""
+        strikes = self._strikes.get(t.position, 0) + 1
+        poison = self._on_poison is not None and (
+            not self._is_transient(error) or (self._round_ok and strikes >= POISON_STRIKES)
+        )
+        if not poison or self._on_poison is None:
+            if self._round_ok:
+                self._strikes[t.position] = strikes
+            raise error
+        logger.error(
+            "timer %s (%s %s, shard %d) fails on its own; quarantined: %s",
+            t.timer_id,
+            t.kind,
+            t.key,
+            t.shard,
+            error,
+            exc_info=error,
+            extra={"timer_id": t.timer_id, "shard": t.shard},
+        )
+        await self._on_poison(t, error)
+        self._strikes.pop(t.position, None)
+
+    def _mark_handed(self, batch: list[Timer]) -> None:
+        for t in batch:
+            p = self.shards.get(t.shard)
+            if p is None:
+                continue
+            if p.pending.pop(t.position, None) is not None:
                 p.handed.add(t.position)
                 p.dirty.add(t.bucket)
-        return len(due)
 
     async def record_progress(self) -> None:
         """Moves checkpoints and finishes buckets, fenced by each shard's epoch."""

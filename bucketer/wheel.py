@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.ownership import ShardOwnership
-from bucketer.scanner import OnDue, WheelScanner
+from bucketer.scanner import OnDue, OnPoison, WheelScanner
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,12 @@ class TimerWheel:
         cycle: timedelta = timedelta(seconds=2),
         tick: timedelta = timedelta(milliseconds=500),
         grace: timedelta = timedelta(seconds=2),
+        on_poison: OnPoison | None = None,
+        is_transient: Callable[[BaseException], bool] | None = None,
     ) -> None:
-        self.scanner = WheelScanner(store, on_due, tick=tick, grace=grace)
+        self.scanner = WheelScanner(
+            store, on_due, tick=tick, grace=grace, on_poison=on_poison, is_transient=is_transient
+        )
         self.ownership = ShardOwnership(
             store,
             instance=instance,

@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
+        # This checkout's code and generated stubs, not the installed ones: a benchmark can run
+        # from a `git worktree` of any commit (before/after comparisons in one session).
+        "PYTHONPATH": os.pathsep.join((str(REPO), str(REPO / "proto"))),
         "CRONSCALE_KEYSPACE": config.keyspace,
         "CRONSCALE_TOPIC_PREFIX": config.topic_prefix,
         "CRONSCALE_API": config.api_target,

@@ -14,7 +14,7 @@ from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
 from bucketer.cql import Queries, Write, aexecute, execute_conditional, first, write_grouped
-from bucketer.model import micros
+from bucketer.model import Timer, micros
 from scheduler.errors import AlreadyExists, InvalidArgument, NotFound
 from scheduler.model import (
     Run,
@@ -236,6 +236,36 @@ class CassandraScheduleStore:
             self.q["record_completed"],
             (micros(last_slot), last_slot, ScheduleState.COMPLETED.value, schedule_id),
         )
+
+    async def quarantine(self, timer: Timer, error: str, now: datetime) -> None:
+        """Sets a poison timer aside with its error; the schedule it names (its key) shows the
+        error until :meth:`clear_quarantine`."""
+        error = error[:MAX_ERROR_CHARS]
+        await aexecute(
+            self._session,
+            self.q["quarantine_timer"],
+            {
+                "day": day_of(now),
+                "quarantine_time": now,
+                "timer_id": timer.timer_id,
+                "shard": timer.shard,
+                "fire_time": timer.fire_time,
+                "kind": timer.kind,
+                "key": timer.key,
+                "data": timer.data,
+                "error": error,
+            },
+        )
+        if timer.key:
+            await execute_conditional(
+                self._session,
+                self.q["mark_quarantined"],
+                {"error": error, "quarantine_time": now, "schedule_id": timer.key},
+            )
+
+    async def clear_quarantine(self, schedule_id: str) -> None:
+        """Forgets a quarantined timer's error (the schedule was changed or resumed)."""
+        await aexecute(self._session, self.q["clear_quarantine"], {"schedule_id": schedule_id})
 
     async def delete(self, schedule_id: str) -> None:
         applied, _ = await execute_conditional(

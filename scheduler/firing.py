@@ -18,17 +18,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from bucketer.cassandra import CassandraTimerStore
-from bucketer.cql import write_grouped
+from bucketer.cql import TRANSIENT_STORAGE_ERRORS, write_grouped
 from bucketer.model import Timer
 from cronscale.v1 import run_message_pb2
 from scheduler import metrics
 from scheduler.backfill import TICK as BACKFILL_TICK
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
-from scheduler.errors import InvalidArgument
+from scheduler.errors import InvalidArgument, Unavailable
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION, KafkaRunQueue
 from scheduler.model import (
     MISFIRE_THRESHOLD,
@@ -304,6 +305,22 @@ class Firing:
             store=CassandraBackfillStore(runs.session, keyspace=schedules.q.keyspace),
             schedules=schedules,
         )
+
+    async def quarantine(self, timer: Timer, error: BaseException) -> None:
+        """Sets aside a timer whose firing fails on its own (the scanner isolated it): stored
+        with its error in the quarantine table and on its schedule, counted, logged."""
+        metrics.TIMERS_QUARANTINED.labels(kind=timer.kind).inc()
+        await self._schedules.quarantine(timer, f"{type(error).__name__}: {error}", self._clock())
+
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        """Whether retrying can cure ``error`` (a service down or slow), as opposed to poison
+        (a timer or schedule that cannot be fired, e.g. a value Kafka or Cassandra refuses)."""
+        if isinstance(error, KafkaError):
+            return bool(getattr(error, "retriable", False)) or isinstance(
+                error, KafkaConnectionError | KafkaTimeoutError
+            )
+        return isinstance(error, (*TRANSIENT_STORAGE_ERRORS, Unavailable, OSError, TimeoutError))
 
     async def on_due(self, due: Sequence[Timer]) -> None:
         """Fires a batch; raises if anything failed, so the scanner retries the batch."""

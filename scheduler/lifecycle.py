@@ -121,6 +121,8 @@ class Lifecycle:
             raise stale_version(version, current)
         if updated.after != s.after:
             await svc.dependencies.relink(schedule_id, s.after, updated.after)
+        if s.quarantine_error:
+            await svc.schedules.clear_quarantine(schedule_id)  # re-armed by this change
         logger.info(
             "updated schedule %s to version %d",
             schedule_id,

@@ -18,6 +18,11 @@ TIMERS_SUPERSEDED = Counter(
     "cronscale_timers_superseded_total",
     "Due timers dropped because their schedule changed, paused or was deleted since.",
 )
+TIMERS_QUARANTINED = Counter(
+    "cronscale_timers_quarantined_total",
+    "Due timers set aside because firing them failed on its own (poison), by timer kind.",
+    ["kind"],
+)
 RUNS_SKIPPED = Counter(
     "cronscale_runs_skipped_total", "Slots recorded SKIPPED instead of running.", ["reason"]
 )

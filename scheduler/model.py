@@ -269,6 +269,10 @@ class Schedule:
     active_run: str = ""
     active_seen: datetime | None = None
     done_run: str = ""
+    # A timer of this schedule failed on its own and was set aside (scheduler.firing): the
+    # schedule does not fire until an operator changes or resumes it.
+    quarantine_error: str = ""
+    quarantine_time: datetime | None = None
     # A run held back by BUFFER_ONE until the running one finishes.
     buffered: BufferedRun | None = None
 
@@ -300,6 +304,8 @@ class Schedule:
             active_run=getattr(row, "active_run", None) or "",
             active_seen=aware(getattr(row, "active_seen", None)),
             done_run=getattr(row, "done_run", None) or "",
+            quarantine_error=getattr(row, "quarantine_error", None) or "",
+            quarantine_time=aware(getattr(row, "quarantine_time", None)),
             buffered=BufferedRun.from_json(getattr(row, "buffered", None)),
         )
 

@@ -130,8 +130,9 @@ class ScheduleService:
         return self._with_next(s)
 
     def _with_next(self, s: Schedule) -> Schedule:
-        """The stored row with ``next_fire_time`` as preview computes it (active only)."""
-        if s.state is not ScheduleState.ACTIVE:
+        """The stored row with ``next_fire_time`` as preview computes it (active only; none
+        while a timer of it is quarantined: it will not fire until changed or resumed)."""
+        if s.state is not ScheduleState.ACTIVE or s.quarantine_error:
             return replace(s, next_fire_time=None)
         now = self._clock()
         if s.next_fire_time is not None and s.next_fire_time > now:
@@ -208,6 +209,8 @@ class ScheduleService:
             next_fire_time=first.scheduled_for if first else None,
         ):
             raise Aborted(f"schedule {schedule_id!r} changed concurrently; read it and retry")
+        if s.quarantine_error:
+            await self._schedules.clear_quarantine(schedule_id)  # re-armed by this resume
         fire_slots = {slot.slot for slot in catch_up}
         skipped = [
             Run(

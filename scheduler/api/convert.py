@@ -300,6 +300,8 @@ def schedule_to_proto(s: Schedule) -> schedule_pb2.Schedule:
         max_runtime=duration(s.max_runtime),
         policies=policies_to_proto(s.policies),
         after=sorted(s.after),
+        quarantine_error=s.quarantine_error,
+        quarantine_time=ts(s.quarantine_time),
     )
 
 

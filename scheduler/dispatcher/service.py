@@ -40,7 +40,13 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 topic=config.topic(),
                 misfire_threshold=timedelta(seconds=config.misfire_threshold_s),
             )
-            wheel = TimerWheel(timers, instance=config.instance_id, on_due=firing.on_due)
+            wheel = TimerWheel(
+                timers,
+                instance=config.instance_id,
+                on_due=firing.on_due,
+                on_poison=firing.quarantine,
+                is_transient=firing.is_transient,
+            )
             metrics.OWNED_SHARDS.set_function(lambda: len(wheel.owned_shards))
             metrics.TIMERS_PENDING.set_function(wheel.scanner.pending_count)
             metrics.serve_metrics(config.metrics_port)

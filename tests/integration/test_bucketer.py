@@ -11,7 +11,7 @@ from cassandra.cluster import Session
 from bucketer.cassandra import CassandraTimerStore, LostOwnership
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, Timer
-from bucketer.scanner import WheelScanner
+from bucketer.scanner import OnDue, OnPoison, WheelScanner
 from scheduler.config import Config
 
 
@@ -204,3 +204,90 @@ async def test_a_herd_larger_than_a_read_drains_completely(store: CassandraTimer
     # Progress passed the herd: a new owner would not fire it again.
     p = scanner.shards[shard]
     assert p.cursors == {} and p.after(minute_bucket(at)) > (at, "herd-99999")
+
+
+async def _claimed_scanner(
+    store: CassandraTimerStore, shard: int, on_due: OnDue, on_poison: OnPoison
+) -> WheelScanner:
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner=f"poison-{shard}", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    scanner = WheelScanner(store, on_due, on_poison=on_poison, batch=8)
+    await scanner.add_shard(claimed)
+    return scanner
+
+
+async def test_one_poison_timer_is_quarantined_and_the_rest_fire(
+    store: CassandraTimerStore,
+) -> None:
+    """Loss path 2: a timer whose firing raises failed its whole batch, and the batch was
+    retried forever: nothing after it fired. Now the batch is split down to the culprit."""
+    shard, now = 3, datetime.now(UTC)
+    timers = [
+        Timer(
+            fire_time=now - timedelta(seconds=1),
+            timer_id=f"p{i:02d}",
+            shard=shard,
+            kind="t",
+            key="poison" if i == 5 else f"k{i}",
+        )
+        for i in range(20)
+    ]
+    await store.put(timers, now=now - timedelta(seconds=2))
+    fired: list[str] = []
+    quarantined: list[tuple[str, str]] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        if any(t.key == "poison" for t in batch):
+            raise OverflowError("date value out of range")
+        fired.extend(t.timer_id for t in batch)
+
+    async def on_poison(t: Timer, error: BaseException) -> None:
+        quarantined.append((t.timer_id, str(error)))
+
+    scanner = await _claimed_scanner(store, shard, on_due, on_poison)
+    await scanner.read(datetime.now(UTC))
+    assert await scanner.fire_due() == 20
+    assert quarantined == [("p05", "date value out of range")]
+    assert sorted(fired) == sorted(t.timer_id for t in timers if t.key != "poison")
+    assert scanner.pending_count() == 0
+
+
+async def test_an_outage_is_not_poison(store: CassandraTimerStore) -> None:
+    """While every firing fails with a transient error nothing is quarantined: the round stops
+    and the same timers fire once the service is back."""
+    shard, now = 4, datetime.now(UTC)
+    timers = [
+        Timer(
+            fire_time=now - timedelta(seconds=1),
+            timer_id=f"o{i}",
+            shard=shard,
+            kind="t",
+            key=f"k{i}",
+        )
+        for i in range(10)
+    ]
+    await store.put(timers, now=now - timedelta(seconds=2))
+    down = True
+    fired: list[str] = []
+    quarantined: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        if down:
+            raise ConnectionRefusedError("Kafka is down")
+        fired.extend(t.timer_id for t in batch)
+
+    async def on_poison(t: Timer, error: BaseException) -> None:
+        quarantined.append(t.timer_id)
+
+    scanner = await _claimed_scanner(store, shard, on_due, on_poison)
+    await scanner.read(datetime.now(UTC))
+    for _ in range(3):
+        with pytest.raises(ConnectionRefusedError):
+            await scanner.fire_due()
+    assert quarantined == [] and scanner.pending_count() == 10
+    down = False
+    await scanner.fire_due()
+    assert sorted(fired) == sorted(t.timer_id for t in timers) and quarantined == []

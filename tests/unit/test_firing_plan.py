@@ -225,3 +225,16 @@ def test_fire_timers_keep_microseconds() -> None:
     )
     plan = _plan(s, FireTimer.from_timer(f.to_timer(8)), at + timedelta(milliseconds=5))
     assert len(plan.enqueue) == 1 and plan.next_timers == []
+
+
+def test_outages_are_transient_and_bad_timers_are_poison() -> None:
+    from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+    from cassandra import OperationTimedOut
+
+    from scheduler.firing import Firing
+    from scheduler.model import UnsupportedVersion
+
+    for transient in (KafkaConnectionError(), OperationTimedOut(), ConnectionResetError()):
+        assert Firing.is_transient(transient), transient
+    for poison in (MessageSizeTooLargeError(), OverflowError(), UnsupportedVersion("v9")):
+        assert not Firing.is_transient(poison), poison

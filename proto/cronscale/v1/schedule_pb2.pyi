@@ -406,6 +406,8 @@ class Schedule(_message.Message):
     MAX_RUNTIME_FIELD_NUMBER: _builtins.int
     POLICIES_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
+    QUARANTINE_ERROR_FIELD_NUMBER: _builtins.int
+    QUARANTINE_TIME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Server-assigned unless given in CreateScheduleRequest.schedule_id."""
     tenant: _builtins.str
@@ -422,6 +424,11 @@ class Schedule(_message.Message):
     pause_note: _builtins.str
     """Why the schedule was paused, by whom and when; empty while active."""
     paused_by: _builtins.str
+    quarantine_error: _builtins.str
+    """Set when a due timer of this schedule failed on its own with an error retrying cannot cure
+    (the dispatcher set it aside so every other schedule fires): the error and when. The
+    schedule does not fire until it is updated or paused and resumed.
+    """
     @_builtins.property
     def spec(self) -> Global___ScheduleSpec: ...
     @_builtins.property
@@ -446,6 +453,8 @@ class Schedule(_message.Message):
         schedules (same tenant; cycles are refused). A schedule with `after` needs no spec.
         """
 
+    @_builtins.property
+    def quarantine_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -466,10 +475,12 @@ class Schedule(_message.Message):
         max_runtime: _duration_pb2.Duration | None = ...,
         policies: Global___SchedulePolicies | None = ...,
         after: _abc.Iterable[_builtins.str] | None = ...,
+        quarantine_error: _builtins.str = ...,
+        quarantine_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "max_runtime", b"max_runtime", "next_fire_time", b"next_fire_time", "pause_time", b"pause_time", "policies", b"policies", "spec", b"spec", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "max_runtime", b"max_runtime", "next_fire_time", b"next_fire_time", "pause_time", b"pause_time", "policies", b"policies", "quarantine_time", b"quarantine_time", "spec", b"spec", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "create_time", b"create_time", "handler", b"handler", "id", b"id", "max_runtime", b"max_runtime", "name", b"name", "next_fire_time", b"next_fire_time", "pause_note", b"pause_note", "pause_time", b"pause_time", "paused_by", b"paused_by", "payload", b"payload", "policies", b"policies", "spec", b"spec", "state", b"state", "tenant", b"tenant", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "create_time", b"create_time", "handler", b"handler", "id", b"id", "max_runtime", b"max_runtime", "name", b"name", "next_fire_time", b"next_fire_time", "pause_note", b"pause_note", "pause_time", b"pause_time", "paused_by", b"paused_by", "payload", b"payload", "policies", b"policies", "quarantine_error", b"quarantine_error", "quarantine_time", b"quarantine_time", "spec", b"spec", "state", b"state", "tenant", b"tenant", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
