@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cassandra.cluster import Session
 
+from bucketer.clock import ClockGuard
 from bucketer.cql import (
     Queries,
     Write,
@@ -28,6 +30,9 @@ _EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
 TIMER_RETENTION = timedelta(days=2)
 # Cassandra refuses TTLs above 20 years.
 _MAX_TTL = 630_720_000
+# Half the scanners' grace window: a due-now timer whose write took longer may land behind a
+# checkpoint.
+SLOW_WRITE = timedelta(seconds=1)
 
 
 class LostOwnership(Exception):
@@ -42,8 +47,16 @@ class LostOwnership(Exception):
 class CassandraTimerStore:
     """Timers in (minute_bucket, shard) partitions, and the shards' leases and checkpoints."""
 
-    def __init__(self, session: Session, *, keyspace: str, shard_count: int) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        keyspace: str,
+        shard_count: int,
+        clock_guard: ClockGuard | None = None,
+    ) -> None:
         self._session = session
+        self.clock_guard = clock_guard or ClockGuard()
         self._q = Queries(session, Path(__file__).with_name("queries.cql"), keyspace=keyspace)
         self.shard_count = shard_count
 
@@ -52,8 +65,28 @@ class CassandraTimerStore:
     async def put(self, timers: Iterable[Timer], *, now: datetime | None = None) -> None:
         """Writes timers grouped by partition. A fire time in the past is moved to ``now``:
         a partition behind the scanners' checkpoint would never be read again.
+
+        Refused (:class:`ClockSkewed`) while this process's clock is off the cluster's. A write
+        that took so long that a timer it made due may already lie behind a scanner's
+        checkpoint is repeated for those timers at a fresh ``now`` (a possible second firing
+        carries the same run id: at-least-once).
         """
+        self.clock_guard.check()
+        timers = list(timers)
+        started = time.monotonic()
         await write_grouped(self._session, self.rows(timers, now=now))
+        elapsed = time.monotonic() - started
+        if elapsed > SLOW_WRITE.total_seconds():
+            late = datetime.now(UTC)
+            due = [t for t in timers if t.fire_time <= late]
+            if due:
+                logger.warning(
+                    "a timer write took %.1f s; putting %d due timers again at %s",
+                    elapsed,
+                    len(due),
+                    late.isoformat(),
+                )
+                await write_grouped(self._session, self.rows(due, now=late))
 
     def rows(self, timers: Iterable[Timer], *, now: datetime | None = None) -> list[Write]:
         """``put`` as grouped-write items, for a caller that writes them with other rows."""

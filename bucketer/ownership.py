@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -23,6 +24,10 @@ from bucketer.model import ShardLease
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+
+# A lease counts as ours only until this long before it ends by our own (monotonic) reckoning:
+# room for the peers' clocks, which judge expiry, to run ahead of ours.
+LEASE_MARGIN = timedelta(seconds=2)
 
 
 def _utcnow() -> datetime:
@@ -53,9 +58,19 @@ class ShardOwnership:
         self._cycle = cycle
         self._clock = clock
         self.owned: dict[int, ShardLease] = {}
+        # Per owned shard: until when (time.monotonic) this member may fire it. Counted from
+        # the start of the write that claimed or renewed the lease, so a process paused
+        # (SIGSTOP, a long GC) or cut off from Cassandra stops firing before a peer can have
+        # taken the shard over, whatever the wall clock says.
+        self._valid_until: dict[int, float] = {}
         # A per-member rotation of the shard order, so members starting together try different
         # shards first instead of all contending for shard 0.
         self._offset = int.from_bytes(hashlib.blake2b(instance.encode(), digest_size=4).digest())
+
+    def may_fire(self, shard: int) -> bool:
+        """Whether this member can still prove its lease of ``shard`` (renewed recently
+        enough); the scanner hands no timer of a shard that fails this."""
+        return time.monotonic() < self._valid_until.get(shard, 0.0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Balances until ``stop`` is set, then releases every owned shard."""
@@ -67,6 +82,7 @@ class ShardOwnership:
                     logger.exception(
                         "shard balancing failed; retrying", extra={"action": "balance"}
                     )
+                await self._drop_lapsed()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self._cycle.total_seconds())
         finally:
@@ -75,20 +91,41 @@ class ShardOwnership:
     async def balance_once(self) -> None:
         """One round: heartbeat, renew, then claim up to or release down to the fair share."""
         ttl = max(1, int(self._lease.total_seconds()))
+        if not self._store.clock_guard.ok:
+            # Our clock would misjudge due times and leases: own nothing until it is fixed.
+            if self.owned:
+                logger.error(
+                    "releasing %d shards: %s", len(self.owned), self._store.clock_guard.reason
+                )
+                await self.release_all()
+            return
+        # Leases first: a failing membership write must not keep them from being renewed.
+        await self._renew_all()
         await self._store.heartbeat_member(self._group, self.instance, ttl)
         members = await self._store.members(self._group)
         if self.instance not in members:
             members.append(self.instance)
         target = math.ceil(self._store.shard_count / len(members))
-        await self._renew_all()
         if len(self.owned) > target:
             for shard in sorted(self.owned)[target:]:
                 await self._release(shard)
         elif len(self.owned) < target:
             await self._claim_up_to(target)
 
+    def _deadline(self, started: float) -> float:
+        return started + (self._lease - LEASE_MARGIN).total_seconds()
+
+    async def _drop_lapsed(self) -> None:
+        """Stops firing the shards whose lease this member can no longer prove."""
+        for shard in [s for s in self.owned if not self.may_fire(s)]:
+            logger.warning("lease of shard %d lapsed unrenewed; stopping it", shard)
+            self.owned.pop(shard, None)
+            self._valid_until.pop(shard, None)
+            await self._on_loss(shard)
+
     async def _renew_all(self) -> None:
         expires = self._clock() + self._lease
+        started = time.monotonic()
 
         async def renew(lease: ShardLease) -> None:
             try:
@@ -96,16 +133,14 @@ class ShardOwnership:
             except LostOwnership:
                 logger.warning("lost shard %d (epoch %d)", lease.shard, lease.epoch)
                 self.owned.pop(lease.shard, None)
+                self._valid_until.pop(lease.shard, None)
                 await self._on_loss(lease.shard)
                 return
             except Exception:
-                # Cassandra slow or away: keep scanning while our lease may still hold, but stop
-                # before it can have run out, so a peer taking over does not race us for long.
-                if lease.lease_expires is not None and self._clock() >= lease.lease_expires:
-                    logger.warning("lease of shard %d ran out unrenewed; stopping it", lease.shard)
-                    self.owned.pop(lease.shard, None)
-                    await self._on_loss(lease.shard)
+                # Cassandra slow or away: keep scanning while our lease provably holds
+                # (may_fire); _drop_lapsed stops the shard before a peer can take it over.
                 return
+            self._valid_until[lease.shard] = self._deadline(started)
             self.owned[lease.shard] = ShardLease(
                 shard=lease.shard,
                 epoch=lease.epoch,
@@ -118,6 +153,7 @@ class ShardOwnership:
 
     async def _claim_up_to(self, target: int) -> None:
         now = self._clock()
+        started = time.monotonic()
         n = self._store.shard_count
         order = [(self._offset + i) % n for i in range(n)]
         candidates = [s for s in order if s not in self.owned]
@@ -140,10 +176,12 @@ class ShardOwnership:
                 lease.owner,
             )
             self.owned[claimed.shard] = claimed
+            self._valid_until[claimed.shard] = self._deadline(started)
             await self._on_gain(claimed)
 
     async def _release(self, shard: int) -> None:
         lease = self.owned.pop(shard)
+        self._valid_until.pop(shard, None)
         await self._on_loss(shard)
         try:
             await self._store.release(shard, lease.epoch)

@@ -96,6 +96,7 @@ class WheelScanner:
         clock: Callable[[], datetime] = _utcnow,
         on_poison: OnPoison | None = None,
         is_transient: Callable[[BaseException], bool] | None = None,
+        may_fire: Callable[[int], bool] | None = None,
     ) -> None:
         self._coalesce = coalesce.total_seconds()
         self._store = store
@@ -111,6 +112,7 @@ class WheelScanner:
         self._checkpoint_every = checkpoint_every.total_seconds()
         self._clock = clock
         self._on_poison = on_poison
+        self._may_fire = may_fire or (lambda _shard: True)
         self._is_transient = is_transient or _transient_by_default
         self._strikes: dict[Position, int] = {}
         self._round_ok = False
@@ -260,9 +262,15 @@ class WheelScanner:
             key=lambda t: t.position,
         )
         self._round_ok = False
+        handed = 0
         for start in range(0, len(due), self._batch):
-            await self._deliver(due[start : start + self._batch])
-        return len(due)
+            # The lease is checked before every batch: a member that cannot prove it still owns
+            # a shard (paused, cut off) fires nothing more of it.
+            batch = [t for t in due[start : start + self._batch] if self._may_fire(t.shard)]
+            if batch:
+                await self._deliver(batch)
+                handed += len(batch)
+        return handed
 
     async def _deliver(self, batch: list[Timer]) -> None:
         try:

@@ -31,8 +31,15 @@ class TimerWheel:
         on_poison: OnPoison | None = None,
         is_transient: Callable[[BaseException], bool] | None = None,
     ) -> None:
+        self.ownership: ShardOwnership
         self.scanner = WheelScanner(
-            store, on_due, tick=tick, grace=grace, on_poison=on_poison, is_transient=is_transient
+            store,
+            on_due,
+            tick=tick,
+            grace=grace,
+            on_poison=on_poison,
+            is_transient=is_transient,
+            may_fire=lambda shard: self.ownership.may_fire(shard),
         )
         self.ownership = ShardOwnership(
             store,

@@ -230,8 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         pids = {n: p.pid for n, p in procs.items()}
         for svc in ("cassandra", "kafka"):
             pid = _service_pid(settings, svc)
-            if pid:
-                pids[svc] = pid
+            if not pid:
+                raise SystemExit(
+                    f"cannot find the pid of the local {svc} under {settings.home}: its CPU "
+                    "would be missing from the report (set CRONSCALE_LOCAL_HOME when running "
+                    "from another checkout)"
+                )
+            pids[svc] = pid
         cpu0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
         fired0 = sum(
             _scrape(metric_ports[n], "cronscale_runs_enqueued_total")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cassandra.cluster import Session
-from cassandra.query import SimpleStatement
+from cassandra.query import UNSET_VALUE, SimpleStatement
 
 from bucketer.cql import Queries, Write, aexecute, execute_conditional, first, write_grouped
 from bucketer.model import Timer, micros
@@ -44,6 +44,12 @@ _OUTCOME_RANK = 2
 _ATTEMPT_STRIDE = 4
 
 
+def _set(value: object) -> object:
+    """A value to bind, or "unset" for None: a null bound in an insert is written as a
+    tombstone cell; an unset one writes nothing."""
+    return UNSET_VALUE if value is None else value
+
+
 def run_cell_time(scheduled_for: datetime, attempt: int, rank: int) -> int:
     """The write timestamp of a run row's status cells (see above)."""
     return micros(scheduled_for) + max(attempt, 1) * _ATTEMPT_STRIDE + rank
@@ -74,6 +80,7 @@ class CassandraScheduleStore:
 
     @staticmethod
     def _row(s: Schedule) -> tuple[Any, ...]:
+        """An insert's values; absent ones unset (a bound null would be a tombstone cell)."""
         return (
             s.schedule_id,
             s.tenant,
@@ -84,12 +91,12 @@ class CassandraScheduleStore:
             s.state.value,
             s.version,
             s.generation,
-            s.create_time,
-            s.update_time,
-            int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
-            s.next_fire_time,
+            _set(s.create_time),
+            _set(s.update_time),
+            int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else UNSET_VALUE,
+            _set(s.next_fire_time),
             s.policies.to_json(),
-            set(s.after) or None,
+            set(s.after) or UNSET_VALUE,
         )
 
     async def get(self, schedule_id: str) -> Schedule:
@@ -304,11 +311,11 @@ class CassandraRunStore:
                         r.handler,
                         r.tenant,
                         r.manual,
-                        r.enqueue_time,
-                        r.skip_reason or None,
-                        r.error or None,
-                        r.origin_run_id or None,
-                        r.backfill_id or None,
+                        _set(r.enqueue_time),
+                        r.skip_reason or UNSET_VALUE,
+                        r.error or UNSET_VALUE,
+                        r.origin_run_id or UNSET_VALUE,
+                        r.backfill_id or UNSET_VALUE,
                         run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
                     ),
                 )

@@ -35,6 +35,9 @@ class Config:
     instance_id: str = ""
     # A slot fired later than this is a misfire: its schedule's misfire policy decides.
     misfire_threshold_s: float = 30.0
+    # A process whose clock differs from Cassandra's by more than this owns no shards and
+    # writes no timers (bucketer.clock); keep it well inside the scanners' 2 s grace window.
+    clock_skew_tolerance_ms: int = 500
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -68,6 +71,7 @@ class Config:
             shard_count=_int("CRONSCALE_SHARDS", 64),
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
+            clock_skew_tolerance_ms=_int("CRONSCALE_CLOCK_SKEW_TOLERANCE_MS", 500),
         )
 
     def topic(self, tier: str = "standard") -> str:

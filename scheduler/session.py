@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from cassandra.cluster import Session
 
 from bucketer.cassandra import CassandraTimerStore
+from bucketer.clock import ClockGuard
 from bucketer.cql import aexecute, connect, first
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.errors import FailedPrecondition
+
+logger = logging.getLogger(__name__)
 
 
 def open_session(config: Config) -> Session:
@@ -64,7 +69,25 @@ async def open_stores(config: Config) -> Stores:
     schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
     return Stores(
         session=session,
-        timers=CassandraTimerStore(session, keyspace=config.keyspace, shard_count=shards),
+        timers=CassandraTimerStore(
+            session,
+            keyspace=config.keyspace,
+            shard_count=shards,
+            clock_guard=ClockGuard(
+                tolerance=timedelta(milliseconds=config.clock_skew_tolerance_ms)
+            ),
+        ),
         schedules=schedules,
         runs=CassandraRunStore(session, schedules),
     )
+
+
+async def measure_clock(guard: ClockGuard, session: Session) -> None:
+    """The first clock-skew measurement, before a process serves; logged either way."""
+    try:
+        skew = await guard.measure(session)
+    except Exception as e:
+        logger.warning("could not measure the clock against the cluster: %s", e)
+        return
+    if guard.ok:
+        logger.info("clock within %.3f s of the cluster's", abs(skew.total_seconds()))

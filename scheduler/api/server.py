@@ -22,7 +22,7 @@ from scheduler.api.schedules import SchedulerServicer
 from scheduler.config import Config
 from scheduler.reports import RunReports
 from scheduler.service import ScheduleService
-from scheduler.session import open_stores
+from scheduler.session import measure_clock, open_stores
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +58,29 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         port = server.add_insecure_port(config.api_listen)
         if port == 0:
             raise OSError(f"cannot listen on {config.api_listen}")
+        guard = timers.clock_guard
+        await measure_clock(guard, stores.session)
         await server.start()
-        for name in ("", *SERVICE_NAMES):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+        async def set_health(ok: bool) -> None:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if ok
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in ("", *SERVICE_NAMES):
+                await health_servicer.set(name, status)
+
+        await set_health(guard.ok)
+        # A replica whose clock is off refuses timer writes (UNAVAILABLE) and says so in its
+        # health, so load balancers route around it.
+        guard.on_change(lambda ok: background.add(asyncio.ensure_future(set_health(ok))))
+        background: set[asyncio.Future[None]] = set()
+        watch = asyncio.create_task(guard.run(stores.session), name="clock-guard")
         metrics.serve_metrics(config.metrics_port)
         logger.info("api listening on %s", config.api_listen)
         await stop.wait()
+        watch.cancel()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
     finally:

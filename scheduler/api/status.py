@@ -11,6 +11,7 @@ import grpc
 from cassandra import DriverException
 from cassandra.cluster import NoHostAvailable
 
+from bucketer.clock import ClockSkewed
 from bucketer.cql import StorageUnavailable
 from scheduler import errors
 
@@ -48,6 +49,8 @@ def grpc_errors(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
             return await fn(self, request, context)
         except errors.CronscaleError as e:
             await context.abort(code_for(e), e.message)
+        except ClockSkewed as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"this API replica: {e}")
         except (StorageUnavailable, NoHostAvailable, DriverException) as e:
             logger.warning("storage unavailable in %s: %s", fn.__name__, e)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"storage unavailable: {e}")

@@ -12,7 +12,7 @@ from scheduler import metrics
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
-from scheduler.session import open_stores
+from scheduler.session import measure_clock, open_stores
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,12 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 timers.shard_count,
                 config.topic(),
             )
-            await wheel.run(stop)
+            await measure_clock(timers.clock_guard, stores.session)
+            watch = asyncio.create_task(timers.clock_guard.run(stores.session), name="clock")
+            try:
+                await wheel.run(stop)
+            finally:
+                watch.cancel()
         finally:
             await queue.stop()
     finally:

@@ -291,3 +291,71 @@ async def test_an_outage_is_not_poison(store: CassandraTimerStore) -> None:
     down = False
     await scanner.fire_due()
     assert sorted(fired) == sorted(t.timer_id for t in timers) and quarantined == []
+
+
+async def test_a_member_that_cannot_prove_its_lease_stops_firing(
+    session: Session, migrated: Config
+) -> None:
+    """Loss path 7: a dispatcher whose lease lapsed (paused, or its renewals failing) kept
+    firing. Here a member is paused past its lease (no renewal for longer than the lease): it
+    hands nothing more, a peer takes the shard over, and when it runs again it steps down."""
+    from bucketer.ownership import ShardOwnership
+
+    # Shards of its own (8..63): the test keyspace's 8 are held by other tests' leases.
+    store = CassandraTimerStore(session, keyspace=migrated.keyspace, shard_count=64)
+    await store.init_shards(minute_bucket(datetime.now(UTC)))
+    lease = timedelta(seconds=3)
+    fired: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(t.timer_id for t in batch)
+
+    async def noop(_shard: int) -> None:
+        return None
+
+    stale_scanner: WheelScanner
+    stale = ShardOwnership(
+        store,
+        instance="paused-member",
+        on_gain=lambda lease: stale_scanner.add_shard(lease),
+        on_loss=lambda shard: _remove(stale_scanner, shard),
+        group="fencing-test",
+        lease=lease,
+        cycle=timedelta(seconds=1),
+    )
+    stale_scanner = WheelScanner(store, on_due, may_fire=stale.may_fire)
+    await stale.balance_once()
+    shard = sorted(stale.owned)[0]
+    assert stale.may_fire(shard)
+
+    await asyncio.sleep(lease.total_seconds() + 0.5)  # "SIGSTOP" past the lease
+    now = datetime.now(UTC)
+    await store.put(
+        [
+            Timer(
+                fire_time=now - timedelta(milliseconds=500),
+                timer_id="after-pause",
+                shard=shard,
+                kind="t",
+                key="k",
+            )
+        ],
+        now=now - timedelta(seconds=1),
+    )
+    await stale_scanner.read(datetime.now(UTC))
+    assert not stale.may_fire(shard)
+    assert await stale_scanner.fire_due() == 0 and fired == []
+
+    peer = ShardOwnership(
+        store, instance="peer", on_gain=lambda _l: noop(0), on_loss=noop, group="fencing-test"
+    )
+    await peer.balance_once()
+    assert shard in peer.owned, "the lapsed shard is free for a peer"
+
+    await stale.balance_once()  # "SIGCONT": the renewal is refused, the member steps down
+    assert shard not in stale.owned and shard not in stale_scanner.shards
+    assert fired == []
+
+
+async def _remove(scanner: WheelScanner, shard: int) -> None:
+    scanner.remove_shard(shard)

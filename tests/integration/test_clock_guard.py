@@ -1,0 +1,86 @@
+"""The clock-skew guard against the real Cassandra: a process whose clock is off the cluster's
+writes no timers and owns no shards, and says why (loss path 4)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from cassandra.cluster import Session
+
+from bucketer.cassandra import CassandraTimerStore
+from bucketer.clock import ClockGuard, ClockSkewed
+from bucketer.keys import minute_bucket
+from bucketer.model import Timer
+from bucketer.ownership import ShardOwnership
+from scheduler.config import Config
+
+
+async def _store(session: Session, config: Config, guard: ClockGuard) -> CassandraTimerStore:
+    """A store over 32 shards: the 8 of the test keyspace are held by other tests' leases."""
+    store = CassandraTimerStore(
+        session, keyspace=config.keyspace, shard_count=32, clock_guard=guard
+    )
+    await store.init_shards(minute_bucket(datetime.now(UTC)))
+    return store
+
+
+async def test_a_synced_clock_measures_within_tolerance(session: Session) -> None:
+    guard = ClockGuard()
+    skew = await guard.measure(session)
+    assert abs(skew) < timedelta(milliseconds=200) and guard.ok and guard.reason == ""
+
+
+async def test_a_clock_3s_behind_refuses_timers_and_shards(
+    session: Session, migrated: Config
+) -> None:
+    guard = ClockGuard(clock=lambda: datetime.now(UTC) - timedelta(seconds=3))
+    await guard.measure(session)
+    assert not guard.ok and "behind the cluster's" in guard.reason
+    store = await _store(session, migrated, guard)
+    now = datetime.now(UTC)
+    with pytest.raises(ClockSkewed, match="behind the cluster's"):
+        await store.put([Timer(fire_time=now, timer_id="t", shard=0, kind="t", key="k")])
+
+    gained: list[int] = []
+
+    async def gain(lease: object) -> None:
+        gained.append(0)
+
+    async def lose(_shard: int) -> None:
+        return None
+
+    owner = ShardOwnership(
+        store, instance="skewed", on_gain=gain, on_loss=lose, group="clock-guard-test"
+    )
+    await owner.balance_once()
+    assert owner.owned == {} and gained == []
+
+
+async def test_a_member_whose_clock_drifts_releases_its_shards(
+    session: Session, migrated: Config
+) -> None:
+    offset = timedelta(0)
+    guard = ClockGuard(clock=lambda: datetime.now(UTC) + offset)
+    await guard.measure(session)
+    store = await _store(session, migrated, guard)
+    lost: list[int] = []
+
+    async def gain(lease: object) -> None:
+        return None
+
+    async def lose(shard: int) -> None:
+        lost.append(shard)
+
+    owner = ShardOwnership(
+        store, instance="drifting", on_gain=gain, on_loss=lose, group="clock-drift-test"
+    )
+    await owner.balance_once()
+    held = sorted(owner.owned)
+    assert held
+    offset = timedelta(seconds=2)  # the clock jumps ahead
+    await guard.measure(session)
+    await owner.balance_once()
+    assert owner.owned == {} and sorted(lost) == held
+    for shard in held:
+        assert (await store.read_lease(shard)).owner is None, "released, free for a peer"
