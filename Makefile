@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CRONSCALE := $(BIN)/cronscale
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: dev test lint typecheck protos protos-check services migrate install bench clean down
+.PHONY: dev test lint typecheck protos protos-check services migrate install bench chaos clean down
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s)" % sys.version.split()[0])'
@@ -52,6 +52,10 @@ protos-check: protos
 ## bench: the firing-load harness (see loadtest/README.md)
 bench: migrate
 	$(BIN)/python -m loadtest.firing
+
+## chaos: the fault-injection proof on a private Cassandra + Kafka (docs/operations/chaos.md)
+chaos: install
+	$(BIN)/python -m tests.chaos.harness --duration $(or $(DURATION),10m)
 
 down:
 	$(CRONSCALE) local down
