@@ -475,6 +475,9 @@ def read_runs(fleet: Fleet, planned: list[ChaosSchedule]) -> list[RunView]:
                     enqueue_time=dt(r.enqueue_time) if r.HasField("enqueue_time") else None,
                     skip_reason=r.skip_reason,
                     error=r.error,
+                    start_time=dt(r.start_time) if r.HasField("start_time") else None,
+                    finish_time=dt(r.finish_time) if r.HasField("finish_time") else None,
+                    worker_id=r.worker_id,
                 )
             )
     return out

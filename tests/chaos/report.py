@@ -74,6 +74,26 @@ class RunView:
     enqueue_time: datetime | None
     skip_reason: str
     error: str
+    start_time: datetime | None = None
+    finish_time: datetime | None = None
+    worker_id: str = ""
+
+    def describe(self) -> str:
+        """Status and what the workers' reports left on the row, for evidence."""
+        parts = [f"run {self.run_id} {self.status}"]
+        if self.skip_reason:
+            parts.append(f"({self.skip_reason})")
+        for label, t in (
+            ("enqueued", self.enqueue_time),
+            ("started", self.start_time),
+            ("finished", self.finish_time),
+        ):
+            parts.append(f"{label} {t:%H:%M:%S.%f}" if t else f"not {label}")
+        if self.worker_id:
+            parts.append(f"by {self.worker_id}")
+        if self.error:
+            parts.append(f"error {self.error[:120]!r}")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +213,7 @@ class Report:
         if self.stuck:
             lines += ["", "## Stuck runs (first 50)", ""]
             lines += [
-                f"- {r.run_id} {r.status} scheduled {r.scheduled_for.isoformat()}; executed "
+                f"- {r.describe()}, scheduled {r.scheduled_for:%H:%M:%S}; executed "
                 + _executed(self.stuck_executions.get(r.run_id, []))
                 for r in self.stuck[:50]
             ]
@@ -306,13 +326,7 @@ def build_report(
                 counts.executed += 1
                 continue
             run = run_by_slot.get(key)
-            view = (
-                "no run row"
-                if run is None
-                else f"run {run.run_id} {run.status}"
-                + (f" ({run.skip_reason})" if run.skip_reason else "")
-                + (f" error {run.error!r}" if run.error else "")
-            )
+            view = "no run row" if run is None else run.describe()
             miss = Lost(
                 schedule_id=s.schedule_id, handler=s.handler, slot=slot, scheduler_view=view
             )

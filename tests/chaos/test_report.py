@@ -1,0 +1,82 @@
+"""The chaos verdict's arithmetic on hand-made inputs (pure logic, no services)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from tests.chaos.handlers import FAIL, OK
+from tests.chaos.report import (
+    ChaosSchedule,
+    Execution,
+    FaultWindow,
+    RunView,
+    build_report,
+    expected_slots,
+)
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def _exec(sid: str, slot: datetime, lag: float, pid: int = 1) -> Execution:
+    return Execution(
+        run_id=f"{sid}@{slot:%H%M%S}",
+        schedule_id=sid,
+        scheduled_for=slot,
+        attempt=1,
+        start=slot.timestamp() + lag,
+        handler=OK,
+        pid=pid,
+    )
+
+
+def test_expected_slots_of_a_six_field_spec_are_seconds_first() -> None:
+    slots = expected_slots("*/3 * * * * *", T0, T0 + timedelta(seconds=10))
+    assert slots == [T0 + timedelta(seconds=s) for s in (0, 3, 6, 9)]
+
+
+def test_lost_duplicates_stuck_and_quiet_lag() -> None:
+    ok = ChaosSchedule(schedule_id="ok", handler=OK, cron="*/2 * * * * *")
+    bad = ChaosSchedule(schedule_id="bad", handler=FAIL, cron="*/5 * * * * *")
+    end = T0 + timedelta(seconds=10)
+    slots = expected_slots(ok.cron, T0, end)  # 0, 2, 4, 6, 8
+    executions = [_exec("ok", t, 0.1) for t in slots if t != slots[2]]
+    executions.append(_exec("ok", slots[1], 5.0, pid=2))  # a duplicate of slot 2 s
+    lost_run = RunView(
+        run_id="ok@120004",
+        schedule_id="ok",
+        status="ENQUEUED",
+        scheduled_for=slots[2],
+        enqueue_time=slots[2],
+        skip_reason="",
+        error="",
+    )
+    report = build_report(
+        schedules=[ok, bad],
+        executions=executions,
+        malformed_lines=0,
+        runs=[lost_run],
+        faults=[
+            FaultWindow(
+                kind="kill_worker",
+                target="worker1",
+                start=slots[3].timestamp(),
+                end=slots[3].timestamp() + 0.5,
+            )
+        ],
+        window_start=T0,
+        window_end=end,
+        stuck_before=end,
+        stuck_bound_s=30,
+        fault_grace_s=1.0,
+        duration_s=10,
+    )
+    assert report.expected == 5 + 2
+    assert [(x.schedule_id, x.slot) for x in report.lost] == [("ok", slots[2])]
+    assert "ENQUEUED" in report.lost[0].scheduler_view
+    assert [(x.schedule_id, x.handler) for x in report.unexecuted_other] == [("bad", FAIL)] * 2
+    assert report.duplicate_executions == 1
+    assert report.duplicated_runs == [("ok@120002", 2)]
+    assert [r.run_id for r in report.stuck] == ["ok@120004"]
+    # Slot 6 s is inside the fault window: 0, 2 and 8 s are quiet, each counted once.
+    assert [round(x, 3) for x in report.lag_quiet] == [0.1, 0.1, 0.1]
+    assert "**lost** (slots of chaos.ok schedules never executed): **1**" in report.render()
