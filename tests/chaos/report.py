@@ -131,6 +131,7 @@ class Report:
     executions: int
     duplicate_executions: int
     duplicated_runs: list[tuple[str, int]]
+    duplicates_by_fault: dict[str, int]
     split_slots: list[tuple[str, datetime, list[str]]]
     unexpected: list[Execution]
     stuck: list[RunView]
@@ -177,6 +178,10 @@ class Report:
             f"and attempt again): {self.duplicate_executions} = "
             f"{100 * self.duplicate_rate:.2f}% of executed slots, over "
             f"{len(self.duplicated_runs)} runs",
+            "- duplicate executions by the fault window they started in: "
+            + (
+                ", ".join(f"{k} {n}" for k, n in sorted(self.duplicates_by_fault.items())) or "none"
+            ),
             f"- slots executed under more than one run_id: {len(self.split_slots)}",
             f"- executions of no expected slot: {len(self.unexpected)}",
             f"- **stuck** (ENQUEUED or RUNNING, slot older than {self.stuck_bound_s:.0f} s): "
@@ -337,6 +342,14 @@ def build_report(
     duplicate_executions = sum(n - 1 for n in per_attempt.values() if n > 1)
     per_run = Counter(e.run_id for e in in_window)
     duplicated_runs = sorted(((r, n) for r, n in per_run.items() if n > 1), key=lambda x: -x[1])
+    seen: set[tuple[str, int]] = set()
+    duplicates_by_fault: Counter[str] = Counter()
+    for e in sorted(in_window, key=lambda e: e.start):
+        if (e.run_id, e.attempt) not in seen:
+            seen.add((e.run_id, e.attempt))
+            continue
+        kinds = sorted({f.kind for f in faults if f.start <= e.start <= f.end + fault_grace_s})
+        duplicates_by_fault["+".join(kinds) or "no fault"] += 1
     split_slots = [
         (sid, slot, sorted({e.run_id for e in es}))
         for (sid, slot), es in by_slot.items()
@@ -371,6 +384,7 @@ def build_report(
         executions=len(in_window),
         duplicate_executions=duplicate_executions,
         duplicated_runs=duplicated_runs,
+        duplicates_by_fault=dict(duplicates_by_fault),
         split_slots=split_slots,
         unexpected=unexpected,
         stuck=stuck,

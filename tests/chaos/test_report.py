@@ -76,6 +76,7 @@ def test_lost_duplicates_stuck_and_quiet_lag() -> None:
     assert [(x.schedule_id, x.handler) for x in report.unexecuted_other] == [("bad", FAIL)] * 2
     assert report.duplicate_executions == 1
     assert report.duplicated_runs == [("ok@120002", 2)]
+    assert report.duplicates_by_fault == {"kill_worker": 1}  # started at 7 s: 6 s + 0.5 + 1
     assert [r.run_id for r in report.stuck] == ["ok@120004"]
     # Slot 6 s is inside the fault window: 0, 2 and 8 s are quiet, each counted once.
     assert [round(x, 3) for x in report.lag_quiet] == [0.1, 0.1, 0.1]
