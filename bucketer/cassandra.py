@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 _EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
 # Timers stay readable this long after they were due (for audits and late scans).
 TIMER_RETENTION = timedelta(days=2)
-# Cassandra refuses TTLs above 20 years.
+# Cassandra refuses TTLs above 20 years; a timer due later is written without one (0), since a
+# TTL capped below its due time would expire it before it fires.
 _MAX_TTL = 630_720_000
 # Half the scanners' grace window: a due-now timer whose write took longer may land behind a
 # checkpoint.
@@ -100,7 +101,7 @@ class CassandraTimerStore:
                 Write(
                     (bucket, t.shard),
                     self._q["put_timer"],
-                    (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, min(ttl, _MAX_TTL)),
+                    (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, _ttl(ttl)),
                 )
             )
         return items
@@ -234,6 +235,10 @@ class CassandraTimerStore:
     async def members(self, group: str) -> list[str]:
         rows = await aexecute(self._session, self._q["list_members"], (group,))
         return sorted(r.instance for r in rows)
+
+
+def _ttl(seconds: int) -> int:
+    return seconds if seconds <= _MAX_TTL else 0
 
 
 def epoch_start() -> datetime:

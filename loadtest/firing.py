@@ -7,13 +7,14 @@ minute at its own stable offset, so the load is ``rate`` firings per minute, spr
 starts the real api, dispatcher(s) and worker(s) on the local Cassandra and Kafka, lets them
 run for ``--minutes`` after a warm-up minute, and measures:
 
-- fire lag (enqueue_time - scheduled_for) and start lag (start_time - scheduled_for) of every
-  run of a sample of schedules inside the window, read back from the run history;
+- from the handlers' own record (``loadtest.tally``, not the scheduler's bookkeeping): every
+  slot due in the window that never ran (lost) or ran more than once (doubled), and the lag
+  (handler start - scheduled_for) of every run;
 - firings in the window, from the dispatcher's ``cronscale_runs_enqueued_total``;
 - CPU seconds of every process (dispatchers, workers, api, Cassandra, Kafka) from /proc, and
   so CPU milliseconds per firing.
 
-Writes ``loadtest/reports/firing-<time>.md`` and a CSV of the sampled lags. Load stays on
+Writes ``loadtest/reports/firing-<time>.md`` and a CSV of the lags. Load stays on
 loopback and stops after ``--minutes``.
 """
 
@@ -23,7 +24,6 @@ import argparse
 import asyncio
 import csv
 import os
-import random
 import signal
 import socket
 import statistics
@@ -38,12 +38,20 @@ from pathlib import Path
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import connect
+from loadtest.tally import ENV_DIR, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.cassandra import CassandraScheduleStore
 from scheduler.config import Config
-from scheduler.model import RunStatus, Schedule, ScheduleSpec, SpecKind, new_generation
-from scheduler.slots import next_slot
+from scheduler.model import (
+    Schedule,
+    ScheduleSpec,
+    SpecKind,
+    new_generation,
+    parse_run_id,
+    run_id_for,
+)
+from scheduler.slots import jitter_of, next_slot
 from scheduler.timers import FireTimer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,8 +95,8 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def register(config: Config, count: int) -> tuple[list[str], float]:
-    """Imports ``count`` schedules and their first timers; returns ids and schedules/s."""
+async def register(config: Config, count: int) -> tuple[list[Schedule], float]:
+    """Imports ``count`` schedules and their first timers; returns them and schedules/s."""
     session = connect(config.cassandra_hosts, config.cassandra_port)
     try:
         schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
@@ -97,7 +105,7 @@ async def register(config: Config, count: int) -> tuple[list[str], float]:
         )
         now = datetime.now(UTC)
         spec = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * *", jitter=timedelta(seconds=60))
-        ids: list[str] = []
+        registered: list[Schedule] = []
         started = time.perf_counter()
         for start in range(0, count, 5000):
             chunk = []
@@ -105,7 +113,7 @@ async def register(config: Config, count: int) -> tuple[list[str], float]:
             for _ in range(min(5000, count - start)):
                 s = Schedule(
                     schedule_id=f"load-{uuid.uuid4().hex[:16]}",
-                    handler="echo",
+                    handler="loadtest.tally",
                     spec=spec,
                     generation=new_generation(),
                     create_time=now,
@@ -126,32 +134,38 @@ async def register(config: Config, count: int) -> tuple[list[str], float]:
                 )
             await timers.put(fires, now=now)
             await schedules.import_many(chunk)
-            ids.extend(s.schedule_id for s in chunk)
-        return ids, count / (time.perf_counter() - started)
+            registered.extend(chunk)
+        return registered, count / (time.perf_counter() - started)
     finally:
         session.cluster.shutdown()
 
 
-async def sample_lags(
-    config: Config, ids: list[str], lo: datetime, hi: datetime
-) -> list[tuple[str, float, float | None]]:
-    session = connect(config.cassandra_hosts, config.cassandra_port)
-    try:
-        runs = CassandraRunStore(session, CassandraScheduleStore(session, keyspace=config.keyspace))
-        out: list[tuple[str, float, float | None]] = []
-        for sid in ids:
-            page, _ = await runs.list(sid, 100, "")
-            for r in page:
-                if not (lo <= r.scheduled_for < hi) or r.status is RunStatus.SKIPPED:
-                    continue
-                if r.enqueue_time is None:
-                    continue
-                fire = (r.enqueue_time - r.scheduled_for).total_seconds()
-                start = (r.start_time - r.scheduled_for).total_seconds() if r.start_time else None
-                out.append((r.run_id, fire, start))
-        return out
-    finally:
-        session.cluster.shutdown()
+def account(
+    schedules: list[Schedule], tally_dir: Path, lo: datetime, hi: datetime
+) -> tuple[int, list[str], dict[str, int], list[float]]:
+    """From the handlers' own record: the slots due in [lo, hi) (every schedule fires once a
+    minute at its jitter offset), which of them never ran (lost), which ran more than once
+    (run id -> executions), and the start lag (handler start - scheduled_for) of each run."""
+    expected: set[str] = set()
+    first_minute = lo.replace(second=0, microsecond=0) - timedelta(minutes=1)
+    minutes = int((hi - first_minute).total_seconds() // 60) + 1
+    for s in schedules:
+        offset = jitter_of(s)
+        for m in range(minutes):
+            at = first_minute + timedelta(minutes=m) + offset
+            if lo <= at < hi:
+                expected.add(run_id_for(s.schedule_id, at))
+    counts: dict[str, int] = {}
+    lags: list[float] = []
+    for run_id, _attempt, started in read_tallies(tally_dir):
+        if run_id not in expected:
+            continue
+        counts[run_id] = counts.get(run_id, 0) + 1
+        if counts[run_id] == 1:
+            lags.append(started - parse_run_id(run_id).scheduled_for.timestamp())
+    lost = sorted(expected - counts.keys())
+    doubled = {r: n for r, n in counts.items() if n > 1}
+    return len(expected), lost, doubled, lags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dispatchers", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--shards", type=int, default=64)
-    p.add_argument("--sample", type=int, default=300, help="schedules whose runs are read back")
+    p.add_argument(
+        "--drain", type=float, default=30.0, help="seconds to wait for the window's last runs"
+    )
     args = p.parse_args(argv)
 
     token = uuid.uuid4().hex[:8]
@@ -179,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"keyspace {config.keyspace}, {args.rate} schedules, {args.shards} shards")
     migrate(config, out=lambda _line: None)
-    ids, reg_rate = asyncio.run(register(config, args.rate))
-    print(f"registered {len(ids)} schedules at {reg_rate:,.0f}/s (direct import)")
+    schedules, reg_rate = asyncio.run(register(config, args.rate))
+    print(f"registered {len(schedules)} schedules at {reg_rate:,.0f}/s (direct import)")
 
     env = {
         **os.environ,
@@ -196,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     logs = REPORTS / f"logs-{token}"
     logs.mkdir(parents=True, exist_ok=True)
+    tally_dir = logs / "tally"
+    env[ENV_DIR] = str(tally_dir)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     metric_ports: dict[str, int] = {}
 
@@ -221,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.dispatchers):
             start(f"dispatcher{i}", "dispatcher", "--log-level", "WARNING")
         for i in range(args.workers):
-            start(f"worker{i}", "worker", "--log-level", "WARNING")
+            start(f"worker{i}", "worker", "--log-level", "WARNING", "--import", "loadtest.tally")
         # Warm up: the first minute of slots, then measure whole minutes.
         now = datetime.now(UTC)
         lo = (now + timedelta(minutes=2)).replace(second=0, microsecond=0)
@@ -255,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             - fired0
         )
-        time.sleep(10)  # let the last runs of the window finish and report
-        sample = random.sample(ids, min(args.sample, len(ids)))
-        lags = asyncio.run(sample_lags(config, sample, lo, hi))
+        # Let the window's last runs start (a backlog drains), then count from the handlers.
+        deadline = time.monotonic() + args.drain
+        expected, lost, doubled, lags = account(schedules, tally_dir, lo, hi)
+        while lost and time.monotonic() < deadline:
+            time.sleep(2)
+            expected, lost, doubled, lags = account(schedules, tally_dir, lo, hi)
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
@@ -271,16 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         session.cluster.shutdown()
 
     cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
-    fire = [f for _r, f, _s in lags]
-    start_l = [s for _r, _f, s in lags if s is not None]
     per_firing = {n: 1000 * c / fired for n, c in cpu.items()} if fired else {}
     ours = sum(v for n, v in per_firing.items() if n not in ("cassandra", "kafka"))
     REPORTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     with (REPORTS / f"firing-{stamp}.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["run_id", "fire_lag_s", "start_lag_s"])
-        w.writerows(lags)
+        csv.writer(f).writerows([("start_lag_s",), *((round(x, 4),) for x in lags)])
+    busy = sum(cpu.values()) / wall
     lines = [
         f"# Firing load {stamp}",
         "",
@@ -288,19 +306,21 @@ def main(argv: list[str] | None = None) -> int:
         f"dispatcher(s), {args.workers} worker(s), {args.shards} shards; window "
         f"{lo:%H:%M:%S}-{hi:%H:%M:%S} UTC ({wall:.0f} s)",
         f"- fired {fired:,.0f} runs = {fired / wall * 60:,.0f}/min",
-        f"- fire lag (enqueue - scheduled), {len(fire)} sampled runs: p50 {pct(fire, 0.5):.3f} s,"
-        f" p99 {pct(fire, 0.99):.3f} s, max {max(fire, default=float('nan')):.3f} s",
-        f"- start lag (worker start - scheduled): p50 {pct(start_l, 0.5):.3f} s, "
-        f"p99 {pct(start_l, 0.99):.3f} s",
+        f"- from the handlers: {expected:,} slots due in the window, {expected - len(lost):,} "
+        f"ran, **{len(lost):,} lost**, **{len(doubled):,} ran more than once**"
+        + (f" (e.g. {', '.join(lost[:3])})" if lost else ""),
+        f"- lag (handler start - scheduled_for), all {len(lags):,} runs: p50 "
+        f"{pct(lags, 0.5):.3f} s, p99 {pct(lags, 0.99):.3f} s, max "
+        f"{max(lags, default=float('nan')):.3f} s, mean "
+        f"{statistics.fmean(lags) if lags else float('nan'):.3f} s",
         f"- registration (direct import): {reg_rate:,.0f} schedules/s",
+        f"- the measured processes kept {busy:.0%} of one core busy on average",
         "",
         "| process | CPU s | CPU ms per firing |",
         "| --- | --- | --- |",
         *(f"| {n} | {cpu[n]:.1f} | {per_firing.get(n, float('nan')):.3f} |" for n in sorted(cpu)),
         f"| **all cronscale processes** | | **{ours:.3f}** |",
         f"| **everything** | | **{sum(per_firing.values()):.3f}** |",
-        "",
-        f"mean fire lag {statistics.fmean(fire) if fire else float('nan'):.3f} s",
     ]
     report = "\n".join(lines) + "\n"
     (REPORTS / f"firing-{stamp}.md").write_text(report)

@@ -33,6 +33,10 @@ class KafkaRunQueue:
             enable_idempotence=True,
             linger_ms=linger_ms,
             max_batch_size=256 * 1024,
+            # Well under the misfire threshold (30 s): a stalled send fails and its batch is
+            # fired again before the slots it carries count as missed (aiokafka's default, 40 s,
+            # turned one stall into a misfire of every due slot).
+            request_timeout_ms=10_000,
             client_id="cronscale-dispatcher",
         )
 

@@ -359,3 +359,28 @@ async def test_a_member_that_cannot_prove_its_lease_stops_firing(
 
 async def _remove(scanner: WheelScanner, shard: int) -> None:
     scanner.remove_shard(shard)
+
+
+async def test_a_timer_due_beyond_the_ttl_limit_does_not_expire_first(
+    store: CassandraTimerStore, session: Session, migrated: Config
+) -> None:
+    """Loss path 5: TTLs were capped at Cassandra's 20-year maximum, so a one-shot 25 years
+    ahead expired before it was due. Such a timer is written without a TTL."""
+    now = datetime.now(UTC)
+    far = now + timedelta(days=365 * 25)
+    await store.put([Timer(fire_time=far, timer_id="far", shard=1, kind="t", key="far")], now=now)
+    near = now + timedelta(hours=1)
+    await store.put(
+        [Timer(fire_time=near, timer_id="near", shard=1, kind="t", key="near")], now=now
+    )
+    ttls = {
+        r.timer_id: r.ttl
+        for bucket in (minute_bucket(far), minute_bucket(near))
+        for r in session.execute(
+            f"SELECT timer_id, TTL(kind) AS ttl FROM {migrated.keyspace}.timers "
+            "WHERE minute_bucket = %s AND shard = 1",
+            (bucket,),
+        )
+    }
+    assert ttls["far"] is None, "no TTL: it must outlive the 20-year limit"
+    assert 3600 < ttls["near"] <= 3600 + 2 * 86400
