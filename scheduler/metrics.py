@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+logger = logging.getLogger(__name__)
+
+# The address /metrics binds unless CRONSCALE_METRICS_ADDR says otherwise: loopback only.
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 
 _LAG_BUCKETS = (0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -36,7 +44,12 @@ RUN_REPORTS = Counter(
 )
 
 
-def serve_metrics(port: int) -> None:
-    """Serves /metrics on ``port`` (0 = off)."""
+def serve_metrics(port: int, addr: str | None = None) -> None:
+    """Serves /metrics on ``addr``:``port`` (port 0 = off).
+
+    ``addr`` defaults to ``$CRONSCALE_METRICS_ADDR``, else loopback; ``0.0.0.0`` exposes it.
+    """
     if port > 0:
-        start_http_server(port)
+        addr = addr or os.environ.get("CRONSCALE_METRICS_ADDR", "").strip() or DEFAULT_METRICS_ADDR
+        start_http_server(port, addr=addr)
+        logger.info("serving Prometheus metrics on %s port %d", addr, port)

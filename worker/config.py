@@ -6,12 +6,79 @@ stack (the defaults) or a production cluster; ``cronscale worker`` options overr
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from worker.errors import ConfigError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# A DNS name, optionally "*." for every name below it; labels of letters, digits and hyphens.
+_HOST_NAME = re.compile(
+    r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+
+
+@dataclass(frozen=True)
+class HttpAllow:
+    """Targets the ``http`` built-in may reach although they are not public addresses.
+
+    ``networks`` match the addresses a URL's host resolves to; ``hosts`` match the URL's host
+    name itself (``*.corp.example`` matches every name below ``corp.example``), whatever it
+    resolves to. Empty (the default) allows public addresses only.
+    """
+
+    networks: tuple[IPNetwork, ...] = ()
+    hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> HttpAllow:
+        """Parses CIDRs, addresses and host names separated by commas or blanks.
+
+        Raises :class:`ConfigError` naming ``source`` (the variable or option) and the entry.
+        """
+        networks: list[IPNetwork] = []
+        hosts: list[str] = []
+        for entry in text.replace(",", " ").split():
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            name = entry.lower().rstrip(".")
+            if not _HOST_NAME.match(name) or len(name) > 253:
+                raise ConfigError(
+                    f"{source}: {entry!r} is neither a CIDR, an IP address nor a host name"
+                )
+            hosts.append(name)
+        return cls(tuple(networks), tuple(hosts))
+
+    def allows_address(self, address: IPAddress) -> bool:
+        """Whether ``address`` (or the IPv4 address an IPv4-mapped one carries) is allowed."""
+        candidates: list[IPAddress] = [address]
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            candidates.append(address.ipv4_mapped)
+        return any(a in n for a in candidates for n in self.networks if a.version == n.version)
+
+    def allows_host(self, host: str) -> bool:
+        """Whether the host name ``host`` is allowed by name."""
+        name = host.lower().rstrip(".")
+        for allowed in self.hosts:
+            if allowed.startswith("*."):
+                if name.endswith(allowed[1:]):
+                    return True
+            elif name == allowed:
+                return True
+        return False
+
+    def __str__(self) -> str:
+        entries = [str(n) for n in self.networks] + list(self.hosts)
+        return ", ".join(entries) if entries else "none (public addresses only)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +103,10 @@ class WorkerConfig:
     instance_id: str = ""
     # 0 disables the Prometheus endpoint.
     metrics_port: int = 0
+    # The address the Prometheus endpoint binds: loopback unless an operator opens it up.
+    metrics_addr: str = "127.0.0.1"
+    # What the ``http`` built-in may reach besides public addresses.
+    http_allow: HttpAllow = field(default_factory=HttpAllow)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -48,6 +119,8 @@ class WorkerConfig:
             raise ConfigError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
         if not self.tier:
             raise ConfigError("tier must not be empty")
+        if not self.metrics_addr.strip():
+            raise ConfigError("metrics address must not be empty")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
@@ -80,6 +153,8 @@ class WorkerConfig:
             shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
             instance_id=e.get("CRONSCALE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}",
             metrics_port=int(_num("CRONSCALE_METRICS_PORT", 0, int)),
+            metrics_addr=e.get("CRONSCALE_METRICS_ADDR", "").strip() or "127.0.0.1",
+            http_allow=HttpAllow.parse(e.get("CRONSCALE_HTTP_ALLOW", ""), "CRONSCALE_HTTP_ALLOW"),
         )
 
     @property

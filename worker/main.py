@@ -1,6 +1,7 @@
 """``cronscale worker``: the worker process.
 
-``main(argv)`` parses ``[--import MODULE ...] [--concurrency N] [--tier NAME]``, imports the
+``main(argv)`` parses ``[--import MODULE ...] [--concurrency N] [--tier NAME]
+[--http-allow CIDR|HOST ...]``, imports the
 handler modules, and consumes the tier's topic until SIGTERM or SIGINT, then drains: it stops
 fetching, gives running handlers a grace period, reports, commits and leaves the group.
 """
@@ -17,7 +18,7 @@ import signal
 import sys
 
 from worker import builtin, metrics
-from worker.config import WorkerConfig
+from worker.config import HttpAllow, WorkerConfig
 from worker.consumer import KafkaRunConsumer
 from worker.errors import ConfigError, HandlerImportError
 from worker.handlers import HandlerRegistry, default_registry, load_imports
@@ -39,6 +40,7 @@ async def run_worker(
     ``registry`` defaults to the one ``@handler`` fills (built-ins included).
     """
     registry = registry or default_registry
+    builtin.configure_http(config.http_allow)
     reporter = RunReporter(
         config.api_target,
         token=config.api_token,
@@ -74,6 +76,8 @@ def main(argv: list[str]) -> int:
             overrides["concurrency"] = args.concurrency
         if args.tier is not None:
             overrides["tier"] = args.tier
+        if args.http_allow:
+            overrides["http_allow"] = HttpAllow.parse(" ".join(args.http_allow), "--http-allow")
         config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
         # `cronscale worker --import mypkg.jobs` run from a project directory should find mypkg,
         # as `python -m` would; console scripts do not put the working directory on sys.path.
@@ -84,14 +88,15 @@ def main(argv: list[str]) -> int:
         logger.error("%s", e)
         return 2
     logger.info(
-        "worker %s starting: tier %s, topic %s, API %s, handlers %s",
+        "worker %s starting: tier %s, topic %s, API %s, handlers %s, http allowlist %s",
         config.instance_id,
         config.tier,
         config.topic,
         config.api_target,
         ", ".join(default_registry.names()),
+        config.http_allow,
     )
-    metrics.serve_metrics(config.metrics_port)
+    metrics.serve_metrics(config.metrics_port, config.metrics_addr)
     asyncio.run(_serve(config))
     return 0
 
@@ -144,6 +149,16 @@ def _parser() -> argparse.ArgumentParser:
         "--tier",
         default=None,
         help="the tier whose topic to consume (default: $CRONSCALE_TIER or standard)",
+    )
+    parser.add_argument(
+        "--http-allow",
+        dest="http_allow",
+        action="append",
+        default=[],
+        metavar="CIDR|HOST",
+        help="a network, address or host name (*.domain for its subdomains) the http handler "
+        "may reach although it is not public; repeatable or comma-separated; replaces "
+        "$CRONSCALE_HTTP_ALLOW (default: public addresses only)",
     )
     return parser
 

@@ -46,8 +46,11 @@ REPORT_RETRIES = Counter(
 )
 
 
-def serve_metrics(port: int) -> None:
-    """Serves ``/metrics`` on ``port`` (in a daemon thread); 0 does nothing."""
+def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
+    """Serves ``/metrics`` on ``addr``:``port`` (in a daemon thread); port 0 does nothing.
+
+    ``addr`` is loopback by default (``CRONSCALE_METRICS_ADDR``); ``0.0.0.0`` exposes it.
+    """
     if port > 0:
-        start_http_server(port)
-        logger.info("serving Prometheus metrics on port %d", port)
+        start_http_server(port, addr=addr)
+        logger.info("serving Prometheus metrics on %s port %d", addr, port)

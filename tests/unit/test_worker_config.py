@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 import pytest
 
-from worker.config import WorkerConfig
+from worker.config import HttpAllow, WorkerConfig
 from worker.errors import ConfigError
 
 
@@ -51,3 +54,47 @@ def test_environment_overrides() -> None:
 def test_bad_values_are_named(env: dict[str, str], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         WorkerConfig.from_env(env)
+
+
+def test_metrics_bind_loopback_unless_told() -> None:
+    assert WorkerConfig.from_env({}).metrics_addr == "127.0.0.1"
+    assert WorkerConfig.from_env({"CRONSCALE_METRICS_ADDR": "0.0.0.0"}).metrics_addr == "0.0.0.0"
+    with pytest.raises(ConfigError, match="metrics address must not be empty"):
+        WorkerConfig(metrics_addr=" ")
+
+
+def test_http_allow_defaults_to_public_addresses_only() -> None:
+    allow = WorkerConfig.from_env({}).http_allow
+    assert allow == HttpAllow()
+    assert str(allow) == "none (public addresses only)"
+    assert not allow.allows_address(ipaddress.ip_address("127.0.0.1"))
+    assert not allow.allows_host("localhost")
+
+
+def test_http_allow_from_the_environment() -> None:
+    config = WorkerConfig.from_env(
+        {"CRONSCALE_HTTP_ALLOW": "127.0.0.0/8, 10.1.2.3 fd00::/8,Hooks.Corp.Example.,*.svc.local"}
+    )
+    allow = config.http_allow
+    assert str(allow) == "127.0.0.0/8, 10.1.2.3/32, fd00::/8, hooks.corp.example, *.svc.local"
+    ip = ipaddress.ip_address
+    assert allow.allows_address(ip("127.9.9.9"))
+    assert allow.allows_address(ip("::ffff:127.0.0.1"))  # IPv4-mapped
+    assert allow.allows_address(ip("10.1.2.3"))
+    assert not allow.allows_address(ip("10.1.2.4"))
+    assert allow.allows_address(ip("fd00:ec2::254"))
+    assert not allow.allows_address(ip("::1"))
+    assert allow.allows_host("HOOKS.corp.example.")
+    assert not allow.allows_host("evil-hooks.corp.example")
+    assert allow.allows_host("billing.svc.local") and allow.allows_host("a.b.svc.local")
+    assert not allow.allows_host("svc.local") and not allow.allows_host("evilsvc.local")
+
+
+@pytest.mark.parametrize(
+    "entry", ["10.0.0.0/33", "http://10.0.0.1/", "bad/host", "under_score.example", "*", "a..b"]
+)
+def test_bad_http_allow_entries_are_named(entry: str) -> None:
+    with pytest.raises(
+        ConfigError, match=f"CRONSCALE_HTTP_ALLOW: {re.escape(repr(entry))} is neither"
+    ):
+        WorkerConfig.from_env({"CRONSCALE_HTTP_ALLOW": f"127.0.0.1,{entry}"})
