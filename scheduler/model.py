@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from bucketer.model import aware as aware_utc
@@ -123,6 +123,11 @@ class SchedulePolicies:
 
     @classmethod
     def from_json(cls, text: str | None) -> SchedulePolicies:
+        """The policies stored as ``text`` (each distinct text parsed once, as specs are)."""
+        return _policies_from_json(text or "")
+
+    @classmethod
+    def _parse(cls, text: str) -> SchedulePolicies:
         if not text:
             return cls()
         doc = json.loads(text)
@@ -133,6 +138,16 @@ class SchedulePolicies:
             catch_up_window=timedelta(milliseconds=doc.get("catch_up_ms", 3_600_000)),
             max_catch_up=int(doc.get("max_catch_up", DEFAULT_MAX_CATCH_UP)),
         )
+
+
+@lru_cache(maxsize=16_384)
+def _policies_from_json(text: str) -> SchedulePolicies:
+    return SchedulePolicies._parse(text)
+
+
+@lru_cache(maxsize=16_384)
+def _spec_from_json(text: str) -> ScheduleSpec:
+    return ScheduleSpec._parse(text)
 
 
 def _require_version(doc: dict[str, Any], what: str) -> None:
@@ -218,6 +233,13 @@ class ScheduleSpec:
 
     @classmethod
     def from_json(cls, text: str) -> ScheduleSpec:
+        """The spec stored as ``text``. Specs are immutable and fleets share a few distinct
+        ones, so each distinct text is parsed once (with its cron pattern, ``timespec``) and
+        the same object handed out again: a dispatcher reads thousands of schedules a second."""
+        return _spec_from_json(text)
+
+    @classmethod
+    def _parse(cls, text: str) -> ScheduleSpec:
         doc = json.loads(text)
         _require_version(doc, "schedule spec")
         kind = SpecKind(doc["kind"])

@@ -215,6 +215,12 @@ class CronSpec:
         skipped: list[tuple[datetime, str]] = []
         if self.gap is not GapPolicy.SKIP or start.year > _LAST_YEAR:
             return skipped
+        if not any(
+            t.after > t.before
+            for year in range(start.year, min(stop.year, _LAST_YEAR) + 1)
+            for t in _transitions(self.zone, year)
+        ):
+            return skipped  # no gap in the span (UTC, or no spring-forward in these years)
         for segment in _segments(self.zone, start):
             if segment.start > stop:
                 break
