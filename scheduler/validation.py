@@ -6,7 +6,7 @@ before anything is written.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from scheduler.errors import InvalidArgument
 from scheduler.model import (
@@ -18,6 +18,19 @@ from scheduler.model import (
     validate_payload,
 )
 from scheduler.timespec import CronSpec
+
+# Limits on what one schedule may hold (docs/concepts/policies.md, "Limits"): values past them
+# were accepted once and failed later, in a dispatcher (a catch-up window of 5,000 years
+# overflowed the slot arithmetic), in Kafka (a 1 MB tenant name) or in Cassandra (a one-shot in
+# year 9999), where they stopped other schedules from firing.
+MAX_TENANT_CHARS = 128
+MAX_NAME_CHARS = 256
+MAX_CRON_CHARS = 256
+MAX_CATCH_UP_WINDOW = timedelta(days=366)
+MAX_CATCH_UP_RUNS = 10_000
+MAX_RUNTIME = timedelta(days=7)
+# Instants a spec may name (start, end, one-shot): far enough for any real plan.
+LAST_INSTANT = datetime(2200, 1, 1, tzinfo=UTC)
 
 # Time-spec errors name bare fields; these are their paths in the request.
 _SPEC_FIELDS = {
@@ -75,6 +88,20 @@ def validate_spec(spec: ScheduleSpec, *, field: str = "schedule.spec") -> None:
     Jitter may equal the shortest period (offsets lie in ``[0, jitter)``, so slots keep their
     order) but not exceed it. A one-shot has no period: any non-negative jitter is allowed.
     """
+    if len(spec.cron) > MAX_CRON_CHARS:
+        raise InvalidArgument(
+            f"{field}.cron.expression",
+            f"is {len(spec.cron)} characters; the limit is {MAX_CRON_CHARS}",
+        )
+    for name, instant, path in (
+        ("start_time", spec.start_time, f"{field}.start_time"),
+        ("end_time", spec.end_time, f"{field}.end_time"),
+        ("at", spec.at, f"{field}.once.at"),
+    ):
+        if instant is not None and instant >= LAST_INSTANT:
+            raise InvalidArgument(
+                path, f"{instant.isoformat()} is too far ahead; {name} must be before 2200-01-01"
+            )
     try:
         spec.timespec  # noqa: B018 - parsing validates the expression, zone and interval
     except InvalidArgument as e:
@@ -105,9 +132,18 @@ def validate_policies(p: SchedulePolicies, *, field: str = "schedule.policies") 
         raise InvalidArgument(
             f"{field}.catch_up_window", f"must be positive, got {_fmt(p.catch_up_window)}"
         )
+    if p.catch_up_window > MAX_CATCH_UP_WINDOW:
+        raise InvalidArgument(
+            f"{field}.catch_up_window",
+            f"{_fmt(p.catch_up_window)} is longer than the limit {_fmt(MAX_CATCH_UP_WINDOW)}",
+        )
     if p.max_catch_up < 0:
         raise InvalidArgument(
             f"{field}.max_catch_up", f"must not be negative, got {p.max_catch_up}"
+        )
+    if p.max_catch_up > MAX_CATCH_UP_RUNS:
+        raise InvalidArgument(
+            f"{field}.max_catch_up", f"{p.max_catch_up} is above the limit {MAX_CATCH_UP_RUNS}"
         )
 
 
@@ -116,8 +152,21 @@ def validate_schedule(s: Schedule, now: datetime) -> None:
     problem found."""
     validate_handler(s.handler)
     validate_payload(s.payload)
+    if len(s.tenant) > MAX_TENANT_CHARS:
+        raise InvalidArgument(
+            "schedule.tenant", f"is {len(s.tenant)} characters; the limit is {MAX_TENANT_CHARS}"
+        )
+    if len(s.name) > MAX_NAME_CHARS:
+        raise InvalidArgument(
+            "schedule.name", f"is {len(s.name)} characters; the limit is {MAX_NAME_CHARS}"
+        )
     if s.max_runtime is not None and s.max_runtime.total_seconds() <= 0:
         raise InvalidArgument("schedule.max_runtime", "must be positive when set")
+    if s.max_runtime is not None and s.max_runtime > MAX_RUNTIME:
+        raise InvalidArgument(
+            "schedule.max_runtime",
+            f"{_fmt(s.max_runtime)} is longer than the limit {_fmt(MAX_RUNTIME)}",
+        )
     validate_spec(s.spec)
     validate_policies(s.policies)
     if s.spec.end_time is not None and s.spec.end_time <= now:

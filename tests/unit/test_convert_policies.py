@@ -256,6 +256,37 @@ def _schedule(**spec: object) -> Schedule:
             "schedule.policies.max_catch_up",
             "-2",
         ),
+        # Limits: accepted once, these failed later in a dispatcher, Kafka or Cassandra.
+        (
+            replace(
+                _schedule(),
+                policies=SchedulePolicies(catch_up_window=timedelta(days=365 * 5000)),
+            ),
+            "schedule.policies.catch_up_window",
+            "longer than the limit 366d",
+        ),
+        (
+            replace(_schedule(), policies=SchedulePolicies(max_catch_up=10_001)),
+            "schedule.policies.max_catch_up",
+            "above the limit 10000",
+        ),
+        (replace(_schedule(), tenant="t" * 1_000_000), "schedule.tenant", "limit is 128"),
+        (replace(_schedule(), name="n" * 257), "schedule.name", "limit is 256"),
+        (
+            replace(_schedule(), max_runtime=timedelta(days=8)),
+            "schedule.max_runtime",
+            "longer than the limit 7d",
+        ),
+        (
+            _schedule(kind=SpecKind.ONCE, cron="", at=datetime(9999, 1, 1, tzinfo=UTC)),
+            "schedule.spec.once.at",
+            "before 2200-01-01",
+        ),
+        (
+            _schedule(cron="0 " + "1" * 5000 + " * * *"),
+            "schedule.spec.cron.expression",
+            "limit is 256",
+        ),
     ],
 )
 def test_validation_names_the_field(schedule: Schedule, field: str, detail: str) -> None:
