@@ -8,7 +8,6 @@ consumer only decides which messages to run and when to commit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +28,10 @@ MIN_HEARTBEAT_SPACING = 1.0
 HEARTBEAT_ACK_WAIT = 2.0
 # The API truncates longer error texts anyway.
 MAX_ERROR_CHARS = 4096
+# How long a handler that was cancelled (timed out, cancel requested, shutdown) may take to
+# stop before the runner gives up on it: a handler that swallows the cancellation would
+# otherwise hold its run, its Kafka offset and the worker's shutdown forever.
+CANCEL_GRACE = 5.0
 
 
 class EventReporter(Protocol):
@@ -64,6 +67,8 @@ class _RunState:
         self.handler_task: asyncio.Task[object] | None = None
         self.cancel_requested = False
         self.last_heartbeat = float("-inf")
+        # loop.time() when the handler started.
+        self.started = 0.0
 
     def request_cancel(self) -> None:
         self.cancel_requested = True
@@ -91,6 +96,10 @@ class Runner:
         self._default_timeout = default_timeout
         self._heartbeat_interval = heartbeat_interval
         self._background: set[asyncio.Future[pb.RunEventAck]] = set()
+        # Runs whose handler is running, for the one heartbeat ticker they share (a task and
+        # a timer per run cost more than most handlers).
+        self._live: dict[_RunState, RunTask] = {}
+        self._ticker: asyncio.Task[None] | None = None
         self._started = metrics.RUNS_STARTED.labels(tier)
         self._succeeded = metrics.RUNS_SUCCEEDED.labels(tier)
         self._failed = metrics.RUNS_FAILED.labels(tier)
@@ -227,19 +236,29 @@ class Runner:
         timeout = task.max_runtime or self._default_timeout
         handler_task: asyncio.Task[object] = asyncio.ensure_future(call)
         state.handler_task = handler_task
-        keep_alive = asyncio.create_task(self._keep_alive(task, state))
+        state.started = asyncio.get_running_loop().time()
+        self._live[state] = task
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._heartbeats(), name="run-heartbeats")
         try:
             done, _ = await asyncio.wait({handler_task}, timeout=timeout)
         finally:
-            keep_alive.cancel()
+            self._live.pop(state, None)
             if not handler_task.done():
                 # Timed out, or we are being cancelled (shutdown): stop the handler either way.
                 handler_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await handler_task
+                stopped, _ = await asyncio.wait({handler_task}, timeout=CANCEL_GRACE)
+                if not stopped:
+                    logger.error(
+                        "handler %s ignored its cancellation for %.0f s; giving up on it "
+                        "(it may still be running)",
+                        task.handler,
+                        CANCEL_GRACE,
+                        extra=ids,
+                    )
         if not done:
             return f"timed out after {timeout:g} s"
-        if handler_task.cancelled():
+        if handler_task.cancelled() or not handler_task.done():
             if state.cancel_requested:
                 return "cancelled by an operator"
             return "CancelledError: the handler was cancelled"
@@ -249,10 +268,18 @@ class Runner:
             return f"{type(e).__name__}: {e}"
         return ""
 
-    async def _keep_alive(self, task: RunTask, state: _RunState) -> None:
-        while True:
-            await asyncio.sleep(self._heartbeat_interval)
-            await self._heartbeat(task, state, explicit=False)
+    async def _heartbeats(self) -> None:
+        """Heartbeats every run whose handler has run a heartbeat interval since its last
+        sign of life; ends when no handler runs (the next run starts it again)."""
+        loop = asyncio.get_running_loop()
+        tick = min(self._heartbeat_interval, 1.0)
+        while self._live:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for state, task in list(self._live.items()):
+                if now - max(state.started, state.last_heartbeat) >= self._heartbeat_interval:
+                    state.last_heartbeat = now
+                    self._send_in_background(task, pb.RUN_EVENT_KIND_HEARTBEAT, state)
 
     async def _heartbeat(self, task: RunTask, state: _RunState, *, explicit: bool) -> None:
         loop = asyncio.get_running_loop()

@@ -243,3 +243,38 @@ async def test_the_slot_is_released_before_the_outcome_is_reported() -> None:
         reporter.events.clear()
         await runner.run(task(handler), lambda: seen_at_release.append(reporter.kinds()))
     assert seen_at_release == [["STARTED"]] * 3
+
+
+async def test_a_handler_that_ignores_its_cancellation_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loss path 12: a handler that swallowed the cancellation at its timeout was awaited
+    forever, pinning its Kafka offset and the worker's shutdown."""
+    monkeypatch.setattr("worker.runner.CANCEL_GRACE", 0.2)
+    reporter = RecordingReporter()
+    runner, registry = make_runner(reporter)
+    release = asyncio.Event()
+
+    async def stubborn(ctx: object) -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                continue  # ignores it
+
+    registry.register("stubborn", stubborn)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    outcome = await runner.run(task("stubborn", max_runtime=0.1))
+    assert loop.time() - t0 < 2
+    assert outcome.error == "timed out after 0.1 s" and not outcome.succeeded
+    assert reporter.kinds() == ["STARTED", "FAILED"]
+    release.set()
+
+
+async def test_long_runs_share_one_heartbeat_ticker() -> None:
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter, heartbeat_interval=0.2)
+    await asyncio.gather(*(runner.run(task("sleep", b'{"seconds": 0.7}')) for _ in range(3)))
+    beats = reporter.kinds().count("HEARTBEAT")
+    assert 3 * 2 <= beats <= 3 * 4, reporter.kinds()
