@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from bucketer.cassandra import CassandraTimerStore
 from scheduler.backfill import BackfillService
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.dependencies import DependencyGraph
-from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument
+from scheduler.errors import (
+    Aborted,
+    CronscaleError,
+    FailedPrecondition,
+    InvalidArgument,
+)
 from scheduler.model import (
     MisfireMode,
     Run,
@@ -41,6 +46,19 @@ from scheduler.timers import FireTimer, RunTimer
 from scheduler.validation import spec_error, validate_schedule
 
 logger = logging.getLogger(__name__)
+
+# Items per BatchCreateSchedules call.
+MAX_BATCH_CREATE = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateResult:
+    """One item of a batch create: the stored schedule (new, or ``already_existed``), or the
+    error that refused it (nothing of it was written)."""
+
+    schedule: Schedule | None = None
+    already_existed: bool = False
+    error: CronscaleError | None = None
 
 
 class ScheduleService:
@@ -95,26 +113,93 @@ class ScheduleService:
             fired=fired,
         )
 
-    async def create(self, draft: Schedule, *, schedule_id: str = "") -> Schedule:
-        """Validates and stores a schedule and its first timer; nothing is stored on error."""
+    async def create_many(
+        self, items: Sequence[tuple[Schedule | CronscaleError, str]]
+    ) -> list[CreateResult]:
+        """Creates many schedules at once: ``items`` are (draft, or the error its conversion
+        raised; client-chosen id or ""). Each item is validated on its own and refused alone
+        (its error's field prefixed ``items[i].``); an item whose id exists is reported
+        ``already_existed`` with the stored schedule. The rest (schedule rows and first
+        timers) are written grouped by partition, without the per-row existence check
+        (an LWT each) of :meth:`create`: ids the client did not choose are fresh UUIDs, and
+        chosen ones are looked up first, in one read.
+
+        Dependencies (``after``) are refused here: linking them is a read-modify-write per
+        upstream (use :meth:`create`).
+        """
+        if len(items) > MAX_BATCH_CREATE:
+            raise InvalidArgument("items", f"at most {MAX_BATCH_CREATE} per call, got {len(items)}")
         now = self._clock()
+        results: list[CreateResult | None] = [None] * len(items)
+        ready: dict[int, tuple[Schedule, FireTimer | None]] = {}
+        seen: dict[str, int] = {}
+        for i, (draft, chosen) in enumerate(items):
+            try:
+                if isinstance(draft, CronscaleError):
+                    raise draft
+                s, first = self._prepare(draft, chosen, now)
+                if chosen and chosen in seen:
+                    raise InvalidArgument("schedule_id", f"repeats items[{seen[chosen]}]")
+            except CronscaleError as e:
+                results[i] = CreateResult(error=_item_error(e, i))
+                continue
+            if s.after:
+                results[i] = CreateResult(
+                    error=InvalidArgument(
+                        f"items[{i}].schedule.after", "dependencies are set with CreateSchedule"
+                    )
+                )
+                continue
+            if chosen:
+                seen[chosen] = i
+            ready[i] = (s, first)
+        existing = await self._schedules.get_many([sid for sid in seen])
+        timers = []
+        rows = []
+        for i, (s, first) in ready.items():
+            stored = existing.get(s.schedule_id)
+            if stored is not None:
+                results[i] = CreateResult(schedule=stored, already_existed=True)
+                continue
+            if first is not None:
+                timers.append(first.to_timer(self._timers.shard_count))
+            rows.append(s)
+            results[i] = CreateResult(schedule=s)
+        # Timers first, as in create(): a schedule row never exists without its timer.
+        await self._timers.put(timers, now=now)
+        await self._schedules.import_many(rows)
+        logger.info("created %d schedules in a batch of %d", len(rows), len(items))
+        return [r if r is not None else CreateResult() for r in results]
+
+    def _prepare(
+        self, draft: Schedule, schedule_id: str, now: datetime
+    ) -> tuple[Schedule, FireTimer | None]:
+        """A draft made a new schedule (id, state, times) and validated, with its first timer;
+        InvalidArgument if it is invalid or never fires."""
         sid = validate_schedule_id(schedule_id) if schedule_id else str(uuid.uuid4())
+        stamp = now.replace(microsecond=now.microsecond - now.microsecond % 1000)  # as stored
         s = replace(
             draft,
             schedule_id=sid,
             state=ScheduleState.ACTIVE,
             version=1,
             generation=new_generation(),
-            create_time=now,
-            update_time=now,
+            create_time=stamp,
+            update_time=stamp,
         )
         validate_schedule(s, now)
-        await self.dependencies.validate(s)
         first = self.first_fire(s, now)
         # A schedule with upstreams fires after their successes even without times of its own.
         if first is None and not s.after:
             raise InvalidArgument("schedule.spec", "never fires after now")
-        s = replace(s, next_fire_time=first.scheduled_for if first else None)
+        return replace(s, next_fire_time=first.scheduled_for if first else None), first
+
+    async def create(self, draft: Schedule, *, schedule_id: str = "") -> Schedule:
+        """Validates and stores a schedule and its first timer; nothing is stored on error."""
+        now = self._clock()
+        s, first = self._prepare(draft, schedule_id, now)
+        sid = s.schedule_id
+        await self.dependencies.validate(s)
         # Timer first: if the insert then fails (or the id is taken), the timer's fresh
         # generation matches no schedule and is dropped when due.
         if first is not None:
@@ -283,3 +368,10 @@ class ScheduleService:
 
     async def get_run(self, run_id: str) -> Run:
         return await self._runs.get(run_id)
+
+
+def _item_error(e: CronscaleError, index: int) -> CronscaleError:
+    """``e`` with its field addressed to item ``index`` of a batch."""
+    if isinstance(e, InvalidArgument):
+        return InvalidArgument(f"items[{index}].{e.field}", e.problem)
+    return e

@@ -271,6 +271,7 @@ def _next_cron(spec: CronSpec, after: datetime) -> FireTime | None:
     return None
 
 
+@lru_cache(maxsize=4096)
 def parse_cron(
     expression: str,
     timezone: str,
@@ -279,6 +280,7 @@ def parse_cron(
     overlap: OverlapPolicy | None = None,
 ) -> CronSpec:
     """Validate a cron expression and zone; None policies take the Debian-cron default.
+    Cached: fleets share a few distinct expressions, and a CronSpec is immutable.
 
     Raises ``InvalidArgument("cron", ...)`` or ``InvalidArgument("timezone", ...)``.
     """

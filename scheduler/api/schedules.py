@@ -10,13 +10,14 @@ from scheduler.api.convert import (
     misfire_from_proto,
     run_to_proto,
     schedule_from_proto,
+    schedule_summary_to_proto,
     schedule_to_proto,
 )
 from scheduler.api.lifecycle import LifecycleRpcs
 from scheduler.api.preview import PreviewRpcs
-from scheduler.api.status import Context, grpc_errors
-from scheduler.errors import InvalidArgument
-from scheduler.model import parse_run_id, validate_schedule_id
+from scheduler.api.status import Context, code_for, grpc_errors
+from scheduler.errors import CronscaleError, InvalidArgument
+from scheduler.model import Schedule, parse_run_id, validate_schedule_id
 from scheduler.service import ScheduleService
 
 MAX_PAGE = 1000
@@ -55,6 +56,35 @@ class SchedulerServicer(
         draft = schedule_from_proto(request.schedule, now=datetime.now(UTC))
         created = await self._svc.create(draft, schedule_id=request.schedule_id)
         return schedule_to_proto(created)
+
+    @grpc_errors
+    async def BatchCreateSchedules(
+        self, request: scheduler_service_pb2.BatchCreateSchedulesRequest, context: Context
+    ) -> scheduler_service_pb2.BatchCreateSchedulesResponse:
+        now = datetime.now(UTC)
+        items: list[tuple[Schedule | CronscaleError, str]] = []
+        for item in request.items:
+            draft: Schedule | CronscaleError
+            if not item.HasField("schedule"):
+                draft = InvalidArgument("schedule", "is required")
+            else:
+                try:
+                    draft = schedule_from_proto(item.schedule, now=now)
+                except InvalidArgument as e:
+                    draft = e
+            items.append((draft, item.schedule_id))
+        results = await self._svc.create_many(items)
+        return scheduler_service_pb2.BatchCreateSchedulesResponse(
+            results=[
+                scheduler_service_pb2.BatchCreateResult(
+                    schedule=schedule_summary_to_proto(r.schedule) if r.schedule else None,
+                    already_existed=r.already_existed,
+                    error_code=code_for(r.error).name if r.error else "",
+                    error=str(r.error) if r.error else "",
+                )
+                for r in results
+            ]
+        )
 
     @grpc_errors
     async def GetSchedule(

@@ -267,6 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
     backfills.add_after_option(create)
     create.set_defaults(check=_check_create, parser=create)
 
+    import_ = _rpc_command(
+        sched,
+        "import",
+        "create many schedules from a JSON-lines file (one CreateScheduleRequest per line)",
+        [api],
+        schedules.import_file,
+    )
+    import_.add_argument("file", metavar="FILE.jsonl", help='e.g. {"schedule": {...}} per line')
+
     _rpc_command(sched, "get", "show one schedule", [api], schedules.get, "id")
 
     list_ = _rpc_command(sched, "list", "list schedules", [api], schedules.list_schedules)

@@ -7,10 +7,14 @@ Each command is ``async (args) -> exit code``; ``app.main`` runs it and turns gR
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from cronscale.v1 import scheduler_service_pb2 as api
@@ -37,6 +41,93 @@ async def create(args: argparse.Namespace) -> int:
         schedule = await stub.CreateSchedule(request, timeout=args.timeout)
     _show(args, schedule, format_schedule)
     return 0
+
+
+IMPORT_BATCH = 500
+IMPORT_IN_FLIGHT = 4
+
+
+def _import_items(path: str) -> list[api.CreateScheduleRequest]:
+    """One CreateScheduleRequest per line of a JSON-lines file, in the proto JSON mapping:
+    ``{"schedule_id": "...", "schedule": {"name": ..., "handler": ..., "spec": {...}}}``.
+    A line that does not parse stops the import before anything is sent, naming the line."""
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                items.append(json_format.Parse(line, api.CreateScheduleRequest()))
+            except json_format.ParseError as e:
+                raise SystemExit(f"error: {path}:{number}: {e}") from None
+    return items
+
+
+async def import_file(args: argparse.Namespace) -> int:
+    """``schedule import FILE.jsonl``: BatchCreateSchedules, batches of 500, 4 in flight, with
+    progress on stderr; refused lines are listed (line number, field, problem) and the exit
+    status is 1 if any was refused."""
+    items = _import_items(args.file)
+    total = len(items)
+    done = created = existed = 0
+    refused: list[str] = []
+    started = time.monotonic()
+    sem = asyncio.Semaphore(IMPORT_IN_FLIGHT)
+
+    def progress(final: bool = False) -> None:
+        if args.json or not (final or sys.stderr.isatty()):
+            return
+        rate = done / max(time.monotonic() - started, 1e-6)
+        width = 30
+        filled = int(width * done / total) if total else width
+        bar = "#" * filled + "-" * (width - filled)
+        end = "\n" if final else "\r"
+        print(f"[{bar}] {done:,}/{total:,} ({rate:,.0f}/s)", end=end, file=sys.stderr, flush=True)
+
+    async with scheduler_stub(args.api) as stub:
+
+        async def send(first: int, chunk: list[api.CreateScheduleRequest]) -> None:
+            nonlocal done, created, existed
+            async with sem:
+                response = await stub.BatchCreateSchedules(
+                    api.BatchCreateSchedulesRequest(items=chunk), timeout=args.timeout
+                )
+            for offset, result in enumerate(response.results):
+                if result.error_code:
+                    line = first + offset + 1
+                    refused.append(f"line {line}: {result.error_code}: {result.error}")
+                elif result.already_existed:
+                    existed += 1
+                else:
+                    created += 1
+            done += len(chunk)
+            progress()
+
+        await asyncio.gather(
+            *(
+                send(start, items[start : start + IMPORT_BATCH])
+                for start in range(0, total, IMPORT_BATCH)
+            )
+        )
+    progress(final=True)
+    seconds = time.monotonic() - started
+    summary = {
+        "lines": total,
+        "created": created,
+        "already_existed": existed,
+        "refused": len(refused),
+        "seconds": round(seconds, 3),
+    }
+    if args.json:
+        print(dumps({**summary, "errors": refused}))
+    else:
+        for problem in refused:
+            print(problem, file=sys.stderr)
+        print(
+            f"imported {total:,} lines in {seconds:.1f} s: {created:,} created, "
+            f"{existed:,} already existed, {len(refused):,} refused"
+        )
+    return 1 if refused else 0
 
 
 async def get(args: argparse.Namespace) -> int:

@@ -49,6 +49,86 @@ class CreateScheduleRequest(_message.Message):
 Global___CreateScheduleRequest: _TypeAlias = CreateScheduleRequest  # noqa: Y015
 
 @_typing.final
+class BatchCreateSchedulesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreateScheduleRequest]:
+        """At most 1,000. `after` (dependencies) is not taken here; use CreateSchedule."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___CreateScheduleRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCreateSchedulesRequest: _TypeAlias = BatchCreateSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class BatchCreateSchedulesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchCreateResult]:
+        """One per item, in order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___BatchCreateResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCreateSchedulesResponse: _TypeAlias = BatchCreateSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class BatchCreateResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    ALREADY_EXISTED_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    already_existed: _builtins.bool
+    error_code: _builtins.str
+    """Set when the item was refused (nothing of it was written): the gRPC status code name
+    (e.g. INVALID_ARGUMENT) and a message naming the field (`items[3].schedule.spec...`).
+    """
+    error: _builtins.str
+    @_builtins.property
+    def schedule(self) -> _schedule_pb2.Schedule:
+        """The schedule as stored (created by this call, or already there: already_existed): its id,
+        tenant, name, state, version and times only; GetSchedule has the rest.
+        """
+
+    def __init__(
+        self,
+        *,
+        schedule: _schedule_pb2.Schedule | None = ...,
+        already_existed: _builtins.bool = ...,
+        error_code: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_existed", b"already_existed", "error", b"error", "error_code", b"error_code", "schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchCreateResult: _TypeAlias = BatchCreateResult  # noqa: Y015
+
+@_typing.final
 class GetScheduleRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

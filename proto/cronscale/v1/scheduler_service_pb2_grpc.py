@@ -40,6 +40,11 @@ class SchedulerServiceStub:
                 request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.CreateScheduleRequest.SerializeToString,
                 response_deserializer=cronscale_dot_v1_dot_schedule__pb2.Schedule.FromString,
                 _registered_method=True)
+        self.BatchCreateSchedules = channel.unary_unary(
+                '/cronscale.v1.SchedulerService/BatchCreateSchedules',
+                request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.BatchCreateSchedulesRequest.SerializeToString,
+                response_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.BatchCreateSchedulesResponse.FromString,
+                _registered_method=True)
         self.GetSchedule = channel.unary_unary(
                 '/cronscale.v1.SchedulerService/GetSchedule',
                 request_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.GetScheduleRequest.SerializeToString,
@@ -122,6 +127,15 @@ class SchedulerServiceServicer:
 
     def CreateSchedule(self, request, context):
         """Registers a schedule. INVALID_ARGUMENT names the offending field; nothing is stored then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchCreateSchedules(self, request, context):
+        """Creates up to 1,000 schedules in one call, each validated on its own: a refused item is
+        reported in its result and nothing of it is written, the others are created. Items with a
+        schedule_id that already exists are reported as such (a retried batch is safe).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -242,6 +256,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.CreateScheduleRequest.FromString,
                     response_serializer=cronscale_dot_v1_dot_schedule__pb2.Schedule.SerializeToString,
             ),
+            'BatchCreateSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchCreateSchedules,
+                    request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.BatchCreateSchedulesRequest.FromString,
+                    response_serializer=cronscale_dot_v1_dot_scheduler__service__pb2.BatchCreateSchedulesResponse.SerializeToString,
+            ),
             'GetSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSchedule,
                     request_deserializer=cronscale_dot_v1_dot_scheduler__service__pb2.GetScheduleRequest.FromString,
@@ -345,6 +364,33 @@ class SchedulerService:
             '/cronscale.v1.SchedulerService/CreateSchedule',
             cronscale_dot_v1_dot_scheduler__service__pb2.CreateScheduleRequest.SerializeToString,
             cronscale_dot_v1_dot_schedule__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchCreateSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronscale.v1.SchedulerService/BatchCreateSchedules',
+            cronscale_dot_v1_dot_scheduler__service__pb2.BatchCreateSchedulesRequest.SerializeToString,
+            cronscale_dot_v1_dot_scheduler__service__pb2.BatchCreateSchedulesResponse.FromString,
             options,
             channel_credentials,
             insecure,

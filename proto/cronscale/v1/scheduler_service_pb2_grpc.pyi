@@ -34,6 +34,11 @@ class SchedulerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SchedulerServiceAsyncStub: ...
     CreateSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.CreateScheduleRequest, _schedule_pb2.Schedule]
     """Registers a schedule. INVALID_ARGUMENT names the offending field; nothing is stored then."""
+    BatchCreateSchedules: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.BatchCreateSchedulesRequest, _scheduler_service_pb2.BatchCreateSchedulesResponse]
+    """Creates up to 1,000 schedules in one call, each validated on its own: a refused item is
+    reported in its result and nothing of it is written, the others are created. Items with a
+    schedule_id that already exists are reported as such (a retried batch is safe).
+    """
     GetSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetScheduleRequest, _schedule_pb2.Schedule]
     """NOT_FOUND for an unknown or deleted id."""
     ListSchedules: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListSchedulesRequest, _scheduler_service_pb2.ListSchedulesResponse]
@@ -77,6 +82,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.CreateScheduleRequest, _schedule_pb2.Schedule]  # type: ignore[assignment]
     """Registers a schedule. INVALID_ARGUMENT names the offending field; nothing is stored then."""
+    BatchCreateSchedules: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.BatchCreateSchedulesRequest, _scheduler_service_pb2.BatchCreateSchedulesResponse]  # type: ignore[assignment]
+    """Creates up to 1,000 schedules in one call, each validated on its own: a refused item is
+    reported in its result and nothing of it is written, the others are created. Items with a
+    schedule_id that already exists are reported as such (a retried batch is safe).
+    """
     GetSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetScheduleRequest, _schedule_pb2.Schedule]  # type: ignore[assignment]
     """NOT_FOUND for an unknown or deleted id."""
     ListSchedules: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListSchedulesRequest, _scheduler_service_pb2.ListSchedulesResponse]  # type: ignore[assignment]
@@ -123,6 +133,17 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_pb2.Schedule, _abc.Awaitable[_schedule_pb2.Schedule]]:
         """Registers a schedule. INVALID_ARGUMENT names the offending field; nothing is stored then."""
+
+    @_abc_1.abstractmethod
+    def BatchCreateSchedules(
+        self,
+        request: _scheduler_service_pb2.BatchCreateSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.BatchCreateSchedulesResponse, _abc.Awaitable[_scheduler_service_pb2.BatchCreateSchedulesResponse]]:
+        """Creates up to 1,000 schedules in one call, each validated on its own: a refused item is
+        reported in its result and nothing of it is written, the others are created. Items with a
+        schedule_id that already exists are reported as such (a retried batch is safe).
+        """
 
     @_abc_1.abstractmethod
     def GetSchedule(

@@ -1,0 +1,133 @@
+"""Bulk registration through the public API: `cronscale schedule import` of N schedules.
+
+    python -m loadtest.registration --count 100000
+
+Writes N schedules (every minute, a 60 s jitter window, ids chosen by the file) to a JSON-lines
+file, starts a real api on a keyspace of its own, runs ``cronscale schedule import`` (the
+BatchCreateSchedules RPC: batches of 500, 4 in flight) and reports schedules/s with the CPU
+seconds of the api and Cassandra. Then imports the same file again: every line must come back
+``already_existed`` (a retried import is safe). Load stays on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bucketer.cql import connect
+from loadtest.firing import REPO, _free_port, _service_pid, cpu_seconds
+from ops.local import LocalSettings
+from ops.migrate import migrate
+from scheduler.config import Config
+
+
+def _write_file(path: Path, count: int, token: str) -> None:
+    with path.open("w") as f:
+        for i in range(count):
+            line = {
+                "schedule_id": f"reg-{token}-{i}",
+                "schedule": {
+                    "name": f"registration {i}",
+                    "handler": "echo",
+                    "spec": {"cron": {"expression": "* * * * *"}, "jitter": "60s"},
+                },
+            }
+            f.write(json.dumps(line) + "\n")
+
+
+def _wait_serving(target: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise SystemExit(f"the api at {target} did not become healthy in {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.registration")
+    p.add_argument("--count", type=int, default=100_000)
+    args = p.parse_args(argv)
+    token = uuid.uuid4().hex[:8]
+    port = _free_port()
+    config = replace(
+        Config.from_env(),
+        keyspace=f"cs_reg_{token}",
+        api_listen=f"127.0.0.1:{port}",
+        api_target=f"127.0.0.1:{port}",
+    )
+    migrate(config, out=lambda _line: None)
+    settings = LocalSettings.from_env()
+    cassandra = _service_pid(settings, "cassandra")
+    if cassandra is None:
+        raise SystemExit("cannot find the local Cassandra's pid (is `cronscale local up` done?)")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join((str(REPO), str(REPO / "proto"))),
+        "CRONSCALE_KEYSPACE": config.keyspace,
+        "CRONSCALE_API": config.api_target,
+        "CRONSCALE_API_LISTEN": config.api_listen,
+    }
+    cli = [sys.executable, "-m", "scheduler.cli"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "schedules.jsonl"
+        _write_file(path, args.count, token)
+        api = subprocess.Popen([*cli, "api", "--log-level", "WARNING"], env=env, cwd=REPO)
+        try:
+            _wait_serving(config.api_target)
+            runs = []
+            for attempt in ("first", "again"):
+                cpu0 = (cpu_seconds(api.pid), cpu_seconds(cassandra))
+                t0 = time.monotonic()
+                out = subprocess.run(
+                    [*cli, "schedule", "import", str(path), "--json", "--timeout", "120"],
+                    env=env,
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                wall = time.monotonic() - t0
+                cpu1 = (cpu_seconds(api.pid), cpu_seconds(cassandra))
+                if out.returncode != 0:
+                    raise SystemExit(f"import failed ({out.returncode}): {out.stderr[-2000:]}")
+                summary = json.loads(out.stdout)
+                runs.append((attempt, summary, wall, cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]))
+        finally:
+            api.send_signal(signal.SIGTERM)
+            api.wait(timeout=30)
+            session = connect(config.cassandra_hosts, config.cassandra_port)
+            session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
+            session.cluster.shutdown()
+    for attempt, summary, wall, api_cpu, cass_cpu in runs:
+        print(
+            f"{attempt}: {summary['lines']:,} lines in {wall:.1f} s = "
+            f"{summary['lines'] / wall:,.0f} schedules/s (import {summary['seconds']:.1f} s); "
+            f"created {summary['created']:,}, already existed {summary['already_existed']:,}, "
+            f"refused {summary['refused']:,}; CPU s: api {api_cpu:.1f}, cassandra {cass_cpu:.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
