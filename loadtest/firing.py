@@ -95,7 +95,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def register(config: Config, count: int) -> tuple[list[Schedule], float]:
+SHAPES = {
+    # Each schedule once a minute at its own stable offset: the load is spread evenly.
+    "spread": ScheduleSpec(kind=SpecKind.CRON, cron="* * * * *", jitter=timedelta(seconds=60)),
+    # Every schedule at second 0 of every minute: a :00 herd each minute.
+    "herd": ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
+}
+
+
+async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list[Schedule], float]:
     """Imports ``count`` schedules and their first timers; returns them and schedules/s."""
     session = connect(config.cassandra_hosts, config.cassandra_port)
     try:
@@ -104,7 +112,6 @@ async def register(config: Config, count: int) -> tuple[list[Schedule], float]:
             session, keyspace=config.keyspace, shard_count=config.shard_count
         )
         now = datetime.now(UTC)
-        spec = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * *", jitter=timedelta(seconds=60))
         registered: list[Schedule] = []
         started = time.perf_counter()
         for start in range(0, count, 5000):
@@ -173,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m loadtest.firing", description=__doc__.split("\n")[0]
     )
     p.add_argument("--rate", type=int, default=10_000, help="firings per minute (= schedules)")
+    p.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="spread",
+        help="spread: each schedule at its own second; herd: all at second 0 of each minute",
+    )
     p.add_argument("--minutes", type=float, default=2.0, help="measured minutes after warm-up")
     p.add_argument("--dispatchers", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
@@ -195,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"keyspace {config.keyspace}, {args.rate} schedules, {args.shards} shards")
     migrate(config, out=lambda _line: None)
-    schedules, reg_rate = asyncio.run(register(config, args.rate))
+    schedules, reg_rate = asyncio.run(register(config, args.rate, SHAPES[args.shape]))
     print(f"registered {len(schedules)} schedules at {reg_rate:,.0f}/s (direct import)")
 
     env = {
@@ -302,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Firing load {stamp}",
         "",
-        f"- target {args.rate:,} firings/min ({args.rate / 60:,.0f}/s); {args.dispatchers} "
+        f"- shape {args.shape}: target {args.rate:,} firings/min ({args.rate / 60:,.0f}/s); "
+        f"{args.dispatchers} "
         f"dispatcher(s), {args.workers} worker(s), {args.shards} shards; window "
         f"{lo:%H:%M:%S}-{hi:%H:%M:%S} UTC ({wall:.0f} s)",
         f"- fired {fired:,.0f} runs = {fired / wall * 60:,.0f}/min",
