@@ -282,6 +282,23 @@ class CassandraScheduleStore:
             raise NotFound(f"schedule {schedule_id!r} not found")
 
 
+class CassandraRequestStore:
+    """Idempotency keys of client requests (``request_id`` on mutating RPCs), kept a day."""
+
+    def __init__(self, session: Session, schedules: CassandraScheduleStore) -> None:
+        self._session = session
+        self._q = schedules.q
+
+    async def claim(self, key: str, result: str) -> str:
+        """Records ``result`` under ``key`` unless the key is known; returns what is recorded
+        (``result`` for a first call, the first call's result for a retry). One LWT: this is
+        for client calls, never the firing path."""
+        applied, current = await execute_conditional(
+            self._session, self._q["claim_request"], {"request_key": key, "result": result}
+        )
+        return result if applied else str(current.get("result") or result)
+
+
 class CassandraRunStore:
     """Run history, by schedule and day. Hot-path writes go out grouped, never one per call."""
 

@@ -26,7 +26,9 @@ from scheduler.model import (
     ScheduleState,
     SkipReason,
     new_generation,
+    parse_run_id,
     run_id_for,
+    validate_request_id,
 )
 from scheduler.overlap import OverlapAction, OverlapDecision, decide_overlap
 from scheduler.service import ScheduleService
@@ -170,7 +172,17 @@ class Lifecycle:
                 )
         return s
 
-    async def trigger(self, schedule_id: str, *, force: bool) -> Run:
+    async def _first_result(self, key: str, request_id: str, planned: str) -> str | None:
+        """For a call with ``request_id``: None if this is the first call (``planned`` is
+        recorded as its result), else the run id the first call recorded."""
+        if not request_id:
+            return None
+        recorded = await self._svc.requests.claim(
+            f"{key}:{validate_request_id(request_id)}", planned
+        )
+        return None if recorded == planned else recorded
+
+    async def trigger(self, schedule_id: str, *, force: bool, request_id: str = "") -> Run:
         """Runs a schedule now, outside its slots: a fresh run id, marked manual.
 
         Subject to the overlap policy unless ``force``: with runs in progress, SKIP records the
@@ -185,8 +197,27 @@ class Lifecycle:
         now = svc.now()
         # Whole milliseconds, as the run id and the run row hold it.
         now = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+        run_id = run_id_for(s.schedule_id, now, manual=True)
+        first = await self._first_result(f"trigger:{s.schedule_id}", request_id, run_id)
+        if first is not None:
+            # A retry: answer the first call's run. Gone (the first call stopped before
+            # recording it)? Then go on under its run id and time.
+            if s.buffered is not None and s.buffered.run_id == first:
+                return Run(
+                    run_id=first,
+                    schedule_id=s.schedule_id,
+                    scheduled_for=s.buffered.scheduled_for,
+                    status=RunStatus.ENQUEUED,
+                    handler=s.handler,
+                    tenant=s.tenant,
+                    manual=True,
+                )
+            try:
+                return await svc.runs.get(first)
+            except NotFound:
+                run_id, now = first, parse_run_id(first).scheduled_for
         run = Run(
-            run_id=run_id_for(s.schedule_id, now, manual=True),
+            run_id=run_id,
             schedule_id=s.schedule_id,
             scheduled_for=now,
             status=RunStatus.ENQUEUED,
@@ -221,7 +252,7 @@ class Lifecycle:
         logger.info("triggered run %s", run.run_id, extra=ids)
         return run
 
-    async def rerun(self, run_id: str) -> Run:
+    async def rerun(self, run_id: str, *, request_id: str = "") -> Run:
         """Runs a finished run again: a fresh manual run id, ``origin_run_id`` the original.
 
         The new run keeps the original's ``scheduled_for`` (the slot it stands for, which
@@ -240,8 +271,15 @@ class Lifecycle:
         s = await svc.schedules.get(original.schedule_id)
         _require_not_cancelled(s, f"run {run_id!r} of it cannot be re-run")
         now = svc.now()
+        new_id = run_id_for(s.schedule_id, original.scheduled_for, manual=True)
+        first = await self._first_result(f"rerun:{run_id}", request_id, new_id)
+        if first is not None:
+            try:
+                return await svc.runs.get(first)  # a retry: the first call's run
+            except NotFound:
+                new_id = first  # the first call stopped before recording it
         run = Run(
-            run_id=run_id_for(s.schedule_id, original.scheduled_for, manual=True),
+            run_id=new_id,
             schedule_id=s.schedule_id,
             scheduled_for=original.scheduled_for,
             status=RunStatus.ENQUEUED,

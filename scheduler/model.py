@@ -475,6 +475,18 @@ def is_backfill_run(run_id: str) -> bool:
     return run_id.endswith("~" + BACKFILL_SUFFIX)
 
 
+MAX_REQUEST_ID_CHARS = 128
+
+
+def validate_request_id(value: str, field_name: str = "request_id") -> str:
+    """A client's idempotency key: any text up to 128 characters."""
+    if len(value) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(
+            field_name, f"is {len(value)} characters; the limit is {MAX_REQUEST_ID_CHARS}"
+        )
+    return value
+
+
 def validate_schedule_id(value: str, field_name: str = "schedule_id") -> str:
     if not _ID.match(value):
         raise InvalidArgument(

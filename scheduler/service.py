@@ -16,13 +16,14 @@ from datetime import UTC, datetime
 
 from bucketer.cassandra import CassandraTimerStore
 from scheduler.backfill import BackfillService
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.cassandra import CassandraRequestStore, CassandraRunStore, CassandraScheduleStore
 from scheduler.dependencies import DependencyGraph
 from scheduler.errors import (
     Aborted,
     CronscaleError,
     FailedPrecondition,
     InvalidArgument,
+    NotFound,
 )
 from scheduler.model import (
     MisfireMode,
@@ -33,6 +34,7 @@ from scheduler.model import (
     SkipReason,
     new_generation,
     run_id_for,
+    validate_request_id,
     validate_schedule_id,
 )
 from scheduler.slots import (
@@ -76,6 +78,7 @@ class ScheduleService:
         self._runs = runs
         self._timers = timers
         self._clock = clock
+        self.requests = CassandraRequestStore(runs.session, schedules)
         self.dependencies = DependencyGraph(schedules, runs.session)
         self.backfills = BackfillService(
             schedules=schedules, session=runs.session, timers=timers, clock=clock
@@ -194,9 +197,25 @@ class ScheduleService:
             raise InvalidArgument("schedule.spec", "never fires after now")
         return replace(s, next_fire_time=first.scheduled_for if first else None), first
 
-    async def create(self, draft: Schedule, *, schedule_id: str = "") -> Schedule:
-        """Validates and stores a schedule and its first timer; nothing is stored on error."""
+    async def create(
+        self, draft: Schedule, *, schedule_id: str = "", request_id: str = ""
+    ) -> Schedule:
+        """Validates and stores a schedule and its first timer; nothing is stored on error.
+
+        With ``request_id`` a retry of the call returns the schedule the first call created
+        (for a day), instead of a second schedule firing every slot again.
+        """
         now = self._clock()
+        if request_id:
+            wanted = schedule_id or str(uuid.uuid4())
+            schedule_id = await self.requests.claim(
+                f"create:{validate_request_id(request_id)}", wanted
+            )
+            if schedule_id != wanted:
+                try:
+                    return await self.get(schedule_id)  # a retry: the first call's schedule
+                except NotFound:
+                    pass  # the first call stopped before storing it: store it now
         s, first = self._prepare(draft, schedule_id, now)
         sid = s.schedule_id
         await self.dependencies.validate(s)

@@ -61,7 +61,7 @@ class LifecycleRpcs:
     ) -> schedule_pb2.Run:
         """A manual run now (ENQUEUED), or SKIPPED by the overlap policy unless ``force``."""
         run = await Lifecycle(self._svc).trigger(
-            _schedule_id(request.id, "id"), force=request.force
+            _schedule_id(request.id, "id"), force=request.force, request_id=request.request_id
         )
         return run_to_proto(run)
 
@@ -73,4 +73,6 @@ class LifecycleRpcs:
         if not request.run_id:
             raise InvalidArgument("run_id", "is required")
         parse_run_id(request.run_id)
-        return run_to_proto(await Lifecycle(self._svc).rerun(request.run_id))
+        return run_to_proto(
+            await Lifecycle(self._svc).rerun(request.run_id, request_id=request.request_id)
+        )

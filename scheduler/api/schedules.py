@@ -54,7 +54,9 @@ class SchedulerServicer(
         if not request.HasField("schedule"):
             raise InvalidArgument("schedule", "is required")
         draft = schedule_from_proto(request.schedule, now=datetime.now(UTC))
-        created = await self._svc.create(draft, schedule_id=request.schedule_id)
+        created = await self._svc.create(
+            draft, schedule_id=request.schedule_id, request_id=request.request_id
+        )
         return schedule_to_proto(created)
 
     @grpc_errors

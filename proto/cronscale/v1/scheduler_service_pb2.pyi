@@ -26,9 +26,14 @@ class CreateScheduleRequest(_message.Message):
 
     SCHEDULE_FIELD_NUMBER: _builtins.int
     SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     schedule_id: _builtins.str
     """Optional client-chosen id (letters, digits, `-`, `_`, `.`; at most 128). ALREADY_EXISTS if
     taken.
+    """
+    request_id: _builtins.str
+    """Optional idempotency key (at most 128 characters): a retry with the same request_id within
+    a day returns the schedule the first call created instead of creating another.
     """
     @_builtins.property
     def schedule(self) -> _schedule_pb2.Schedule:
@@ -39,10 +44,11 @@ class CreateScheduleRequest(_message.Message):
         *,
         schedule: _schedule_pb2.Schedule | None = ...,
         schedule_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule", "schedule_id", b"schedule_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "schedule", b"schedule", "schedule_id", b"schedule_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -400,18 +406,24 @@ class TriggerScheduleRequest(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     force: _builtins.bool
     """Run even if the overlap policy would skip it."""
+    request_id: _builtins.str
+    """Optional idempotency key (at most 128 characters): a retry with the same request_id within
+    a day returns the first call's run instead of starting another.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         force: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "id", b"id", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -422,15 +434,19 @@ class RerunRunRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    request_id: _builtins.str
+    """Optional idempotency key, as for TriggerScheduleRequest."""
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
