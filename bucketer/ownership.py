@@ -44,6 +44,7 @@ class ShardOwnership:
         instance: str,
         on_gain: Callable[[ShardLease], Awaitable[None]],
         on_loss: Callable[[int], Awaitable[None]],
+        on_release: Callable[[int], Awaitable[None]] | None = None,
         group: str = "dispatchers",
         lease: timedelta = timedelta(seconds=10),
         cycle: timedelta = timedelta(seconds=2),
@@ -53,6 +54,8 @@ class ShardOwnership:
         self.instance = instance
         self._on_gain = on_gain
         self._on_loss = on_loss
+        # A shard given up on purpose (it can still write its progress first).
+        self._on_release = on_release or on_loss
         self._group = group
         self._lease = lease
         self._cycle = cycle
@@ -182,7 +185,7 @@ class ShardOwnership:
     async def _release(self, shard: int) -> None:
         lease = self.owned.pop(shard)
         self._valid_until.pop(shard, None)
-        await self._on_loss(shard)
+        await self._on_release(shard)
         try:
             await self._store.release(shard, lease.epoch)
             logger.info("released shard %d (epoch %d)", shard, lease.epoch)

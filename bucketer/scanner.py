@@ -35,6 +35,9 @@ OnDue = Callable[[list[Timer]], Awaitable[None]]
 OnPoison = Callable[[Timer, BaseException], Awaitable[None]]
 Position = tuple[datetime, str]
 
+# The longest pause between attempts while scanning keeps failing.
+MAX_BACKOFF = 2.0
+
 # A timer that failed alone this many rounds, while other timers were handed fine, is poison
 # even when its error looks transient.
 POISON_STRIKES = 5
@@ -139,6 +142,22 @@ class WheelScanner:
         """Timers read and not yet handed over, over every served shard."""
         return sum(len(p.pending) for p in self.shards.values())
 
+    async def hand_over(self, shard: int) -> None:
+        """Writes the shard's progress now rather than at its next periodic flush, then stops
+        serving it: a shard given up on purpose (rebalancing, shutdown) is fired again by its
+        next owner only from the grace window on, not from a checkpoint seconds older."""
+        p = self.shards.get(shard)
+        if p is not None:
+            p.last_flush = float("-inf")
+            now = self._clock()
+            try:
+                await self._progress(p, now, (now - self._grace, ""))
+            except LostOwnership:
+                pass
+            except Exception as e:
+                logger.warning("shard %d: progress not saved at handover: %s", shard, e)
+        self.remove_shard(shard)
+
     def remove_shard(self, shard: int) -> None:
         """Stops serving a shard (released or lost); its unfired timers are the next owner's."""
         self.shards.pop(shard, None)
@@ -146,8 +165,10 @@ class WheelScanner:
     # Loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Reads, fires and checkpoints until cancelled; survives its own failures."""
+        """Reads, fires and checkpoints until cancelled; survives its own failures, backing
+        off (up to 2 s) while they repeat, e.g. while Cassandra or Kafka is down."""
         next_read = 0.0
+        backoff = 0.0
         while True:
             try:
                 read = time.monotonic() >= next_read
@@ -158,11 +179,20 @@ class WheelScanner:
                 # coalescing sleep) does not walk every shard again.
                 if await self.fire_due() or read:
                     await self.record_progress()
+                backoff = 0.0
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.exception("timer scan failed; retrying")
-                next_read = time.monotonic() + self._tick
+            except Exception as e:
+                backoff = min(max(backoff * 2, self._tick), MAX_BACKOFF)
+                if backoff < MAX_BACKOFF:
+                    logger.exception("timer scan failed; retrying in %.1f s", backoff)
+                else:
+                    logger.warning(
+                        "timer scan still failing (%s); retrying every %.0f s", e, backoff
+                    )
+                next_read = time.monotonic() + backoff
+                await asyncio.sleep(backoff)
+                continue
             await self._sleep(next_read)
 
     async def _sleep(self, next_read: float) -> None:

@@ -46,6 +46,7 @@ class TimerWheel:
             instance=instance,
             on_gain=self.scanner.add_shard,
             on_loss=self._lose,
+            on_release=self.scanner.hand_over,
             lease=lease,
             cycle=cycle,
         )

@@ -8,6 +8,7 @@ unfinished messages to another member of the group, which runs them again with t
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,8 @@ MAX_AWAITING_ACK = 1000
 # How long a revoked partition's running handlers may finish before the partition is let go.
 REVOKE_GRACE = 5.0
 _POLL_MS = 200
+# How many finished (partition, offset) pairs are remembered against a re-fetch.
+RECENTLY_DONE = 100_000
 _START_BACKOFF_MAX = 10.0
 
 
@@ -49,6 +52,13 @@ class KafkaRunConsumer:
         self._consumer: Any = None
         self._paused = False
         self._last_commit = 0.0
+        # (partition, offset) of messages whose run is in progress here, and of the last ones
+        # finished: a partition revoked and assigned back is fetched again from its committed
+        # offset, and what is still running or just finished must not run twice.
+        self._running: set[tuple[TopicPartition, int]] = set()
+        self._recently_done: collections.OrderedDict[tuple[TopicPartition, int], None] = (
+            collections.OrderedDict()
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set, then drains (see :meth:`_shutdown`) and leaves."""
@@ -121,7 +131,18 @@ class KafkaRunConsumer:
                 await self._commit(consumer, self._tracker.committable())
 
     def _dispatch(self, tp: TopicPartition, message: Any) -> None:
-        self._tracker.add(tp, message.offset)
+        key = (tp, message.offset)
+        if not self._tracker.add(tp, message.offset):
+            return  # delivered twice in one assignment: it is running or done already
+        if key in self._running:
+            # The partition was revoked and assigned back while this message still ran here:
+            # the run in progress completes the offset, it is not started a second time.
+            return
+        if key in self._recently_done:
+            # Finished here after the partition was revoked, fetched again before the commit
+            # caught up: done, not to be run again.
+            self._tracker.complete(tp, message.offset)
+            return
         where = {"topic": tp.topic, "partition": tp.partition, "offset": message.offset}
         try:
             task = decode_run_message(message.value)
@@ -168,11 +189,13 @@ class KafkaRunConsumer:
                 self._slot_freed.set()
 
         self._busy += 1
+        self._running.add((tp, offset))
         task = asyncio.create_task(
             self._finish(tp, offset, work, release), name=f"run {tp.topic}[{tp.partition}]@{offset}"
         )
         self._tasks[task] = tp
         task.add_done_callback(lambda _: release())
+        task.add_done_callback(lambda _: self._running.discard((tp, offset)))
         task.add_done_callback(self._task_done)
 
     async def _finish(
@@ -192,6 +215,9 @@ class KafkaRunConsumer:
             logger.exception("running %s@%d failed unexpectedly", tp, offset)
         # A CancelledError (shutdown) skips this: the offset stays uncommitted, Kafka redelivers.
         self._tracker.complete(tp, offset)
+        self._recently_done[(tp, offset)] = None
+        if len(self._recently_done) > RECENTLY_DONE:
+            self._recently_done.popitem(last=False)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)

@@ -35,20 +35,22 @@ class OffsetTracker(Generic[P]):
     def __init__(self) -> None:
         self._partitions: dict[P, _Partition] = {}
 
-    def add(self, partition: P, offset: int) -> None:
-        """Records that ``offset`` of ``partition`` was received and is being processed.
+    def add(self, partition: P, offset: int) -> bool:
+        """Records that ``offset`` of ``partition`` was received and is being processed;
+        False (and nothing changes) for a repeated or older offset, which the caller must not
+        process again.
 
-        Offsets of one partition must be added in increasing order (Kafka delivers them so);
-        a repeated or older offset is ignored.
+        Offsets of one partition must be added in increasing order (Kafka delivers them so).
         """
         p = self._partitions.get(partition)
         if p is None:
             p = self._partitions[partition] = _Partition()
         last = p.pending[-1] if p.pending else p.next - 1
         if offset <= last:
-            return
+            return False
         p.pending.append(offset)
         p.running.add(offset)
+        return True
 
     def complete(self, partition: P, offset: int) -> bool:
         """Records that ``offset`` is finished; False when it is not tracked (e.g. revoked)."""

@@ -105,3 +105,13 @@ def test_revoking_an_already_committed_partition_returns_nothing() -> None:
     t.complete(A, 0)
     t.mark_committed({A: 1})
     assert t.revoke([A, B]) == {}
+
+
+def test_add_says_whether_the_offset_is_new() -> None:
+    tracker: OffsetTracker[str] = OffsetTracker()
+    assert tracker.add("p", 5) is True
+    assert tracker.add("p", 5) is False, "a repeated offset must not be processed again"
+    assert tracker.add("p", 4) is False
+    assert tracker.complete("p", 5)
+    assert tracker.add("p", 5) is False, "nor a finished one"
+    assert tracker.add("p", 6) is True
