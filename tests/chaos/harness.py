@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -115,6 +116,8 @@ class ChaosOptions:
     seed: int | None = None
     out_dir: Path | None = None
     """Where logs, the execution log and the report go (default: a new temp folder)."""
+    keep_data: bool = False
+    """Keep the private Cassandra and Kafka data (for a post-mortem with cqlsh) after the run."""
 
     def __post_init__(self) -> None:
         if self.restart_services and not self.private_services:
@@ -362,6 +365,10 @@ class FaultInjector:
         self._down: set[str] = set()
         self._queue: list[_Event] = []
         self._seq = 0
+        self._threads: list[threading.Thread] = []
+        self._errors: list[Exception] = []
+        self._lock = threading.Lock()
+        self._service_lock = threading.Lock()
         # Monotonic -> wall clock, for the fault windows (the slots are wall-clock times).
         self._offset = time.time() - time.monotonic()
 
@@ -376,8 +383,11 @@ class FaultInjector:
         """Injects ``plan``, then returns once every restart is done and ``until`` passed."""
         for at, kind in plan:
             self._at(at, kind, functools.partial(self._inject, kind))
-        while self._queue or time.monotonic() < until:
+        while self._queue or self._threads or time.monotonic() < until:
             self._watch()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            if self._errors:
+                raise self._errors[0]
             nxt = self._queue[0].at if self._queue else until
             if time.monotonic() < nxt:
                 # The timeline's own clock: nothing to wait on but the next fault's time.
@@ -409,18 +419,47 @@ class FaultInjector:
             self.stopped.add(name)
             self._at(now + self.options.stop_s, f"SIGCONT {name}", lambda: self._cont(name, now))
         elif kind in SERVICE_RESTARTS:
-            assert self.settings is not None
+            settings = self.settings
+            assert settings is not None
             service = kind.removeprefix("restart_")
-            restart_service(self.settings, service)
-            self._record(kind, service, now)
+
+            def restart() -> None:
+                # One at a time: `up` starts every service of the pair that is down.
+                with self._service_lock:
+                    restart_service(settings, service)
+                self._record(kind, service, now)
+
+            self._background(restart)
+
+    def _background(self, fn: Callable[[], None]) -> None:
+        """Runs a slow step (a service restart, a wait for an API) beside the timeline, so the
+        faults after it keep their times."""
+
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception as e:
+                logger.exception("chaos: background step failed")
+                self._errors.append(e)
+
+        thread = threading.Thread(target=guarded, name="chaos-step", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def _restart(self, kind: str, name: str, since: float) -> None:
         self.fleet.restart(name)
         self._down.discard(name)
         target = self.fleet.api_targets.get(name)
-        if target is not None and not wait_serving(target, 60):
-            self.notes.append(f"{name} not serving 60 s after its restart")
-        self._record(kind, name, since)
+        if target is None:
+            self._record(kind, name, since)
+            return
+
+        def serving() -> None:
+            if not wait_serving(target, 60):
+                self.notes.append(f"{name} not serving 60 s after its restart")
+            self._record(kind, name, since)
+
+        self._background(serving)
 
     def _cont(self, name: str, since: float) -> None:
         proc = self.fleet.procs.get(name)
@@ -434,7 +473,8 @@ class FaultInjector:
             kind=kind, target=target, start=self._wall(since), end=self._wall(time.monotonic())
         )
         logger.info("chaos: %s %s over after %.1f s", kind, target, window.end - window.start)
-        self.faults.append(window)
+        with self._lock:
+            self.faults.append(window)
 
     def _watch(self) -> None:
         """A process that exited without being killed is noted and started again."""
@@ -601,8 +641,9 @@ def run_chaos(options: ChaosOptions) -> Report:
             fleet.stop_all()
         if settings is not None:
             down(settings, out=lambda line: logger.info("%s", line))
-            for svc in ("cassandra", "kafka"):
-                shutil.rmtree(settings.data_dir(svc), ignore_errors=True)
+            if not options.keep_data:
+                for svc in ("cassandra", "kafka"):
+                    shutil.rmtree(settings.data_dir(svc), ignore_errors=True)
         else:
             session = connect(config.cassandra_hosts, config.cassandra_port)
             try:
@@ -623,6 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int)
     p.add_argument("--out", type=Path, help="artifacts folder (default: a new temp folder)")
     p.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="keep the private Cassandra and Kafka data in the artifacts folder",
+    )
+    p.add_argument(
         "--shared-services",
         action="store_true",
         help="use the running local stack (own keyspace/topic); no Cassandra/Kafka restarts",
@@ -638,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_every_s=args.kill_every,
         seed=args.seed,
         out_dir=args.out,
+        keep_data=args.keep_data,
         private_services=not args.shared_services,
         restart_services=not args.shared_services,
     )

@@ -143,7 +143,7 @@ class Report:
     fault_grace_s: float
     malformed_lines: int
     duration_s: float
-    dlq: str = "not measured: the code has no retries or dead letters yet (issue 7)"
+    dlq: str
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -291,6 +291,20 @@ def expected_slots(cron: str, start: datetime, end: datetime) -> list[datetime]:
         out.append(t)
 
 
+def dlq_accounting(schedules: list[ChaosSchedule], executions: list[Execution]) -> str:
+    """The place for the dead-letter check: once retries and dead letters exist (issue 7), the
+    DLQ must hold exactly the ``chaos.fail`` schedules' runs, each after exactly max attempts,
+    and nothing of the others. Until then this only states what the execution log shows of the
+    always-failing schedules' attempts; nothing is read from a DLQ because there is none."""
+    failing = {s.schedule_id for s in schedules if s.handler == FAIL}
+    attempts = [e.attempt for e in executions if e.schedule_id in failing]
+    return (
+        "not measured: the code has no retries or dead letters yet (issue 7); "
+        f"{len(failing)} always-failing schedules executed {len(attempts)} times, "
+        f"highest attempt {max(attempts, default=0)}"
+    )
+
+
 def in_fault(t: float, faults: Iterable[FaultWindow], grace_s: float) -> bool:
     """Whether a slot at ``t`` falls inside a fault window or the ``grace_s`` after it."""
     return any(f.start <= t <= f.end + grace_s for f in faults)
@@ -387,6 +401,7 @@ def build_report(
         duplicates_by_fault=dict(duplicates_by_fault),
         split_slots=split_slots,
         unexpected=unexpected,
+        dlq=dlq_accounting(schedules, in_window),
         stuck=stuck,
         stuck_executions=dict(stuck_executions),
         stuck_bound_s=stuck_bound_s,

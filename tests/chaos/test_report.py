@@ -80,4 +80,5 @@ def test_lost_duplicates_stuck_and_quiet_lag() -> None:
     assert [r.run_id for r in report.stuck] == ["ok@120004"]
     # Slot 6 s is inside the fault window: 0, 2 and 8 s are quiet, each counted once.
     assert [round(x, 3) for x in report.lag_quiet] == [0.1, 0.1, 0.1]
+    assert "1 always-failing schedules executed 0 times" in report.dlq
     assert "**lost** (slots of chaos.ok schedules never executed): **1**" in report.render()
