@@ -23,6 +23,10 @@ class Timer:
     kind: str
     key: str
     data: bytes = b""
+    # Set by the scanner on a timer it hands over soon after its shard changed owner, due
+    # before the previous owner can have stopped: that owner may have fired it already (its
+    # checkpoint trails what it fired), so the caller may check before doing the work twice.
+    after_takeover: bool = False
 
     @property
     def bucket(self) -> int:

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership, epoch_start
@@ -41,6 +41,12 @@ MAX_BACKOFF = 2.0
 # A timer that failed alone this many rounds, while other timers were handed fine, is poison
 # even when its error looks transient.
 POISON_STRIKES = 5
+
+
+def _marked(t: Timer, takeover_until: datetime | None) -> Timer:
+    if takeover_until is not None and t.fire_time <= takeover_until:
+        return replace(t, after_takeover=True)
+    return t
 
 
 def _transient_by_default(error: BaseException) -> bool:
@@ -73,6 +79,9 @@ class ShardProgress:
     read_until: datetime | None = None
     last_flush: float = 0.0
     last_prune: float = 0.0
+    # Timers due by this instant may have been fired by the shard's previous owner (it kept
+    # firing until it stopped, before this member claimed the shard, plus its read-ahead).
+    takeover_until: datetime | None = None
 
     def after(self, bucket: int) -> Position:
         return self.checkpoints.get(bucket, (epoch_start(), ""))
@@ -135,6 +144,7 @@ class WheelScanner:
             epoch=lease.epoch,
             done_through=done,
             checkpoints={b: (c.fire_time, c.timer_id) for b, c in stored.items()},
+            takeover_until=self._clock() + self._lookahead if lease.epoch > 1 else None,
         )
         self._wake.set()
 
@@ -288,7 +298,12 @@ class WheelScanner:
         """
         now = self._clock()
         due = sorted(
-            (t for p in self.shards.values() for t in p.pending.values() if t.fire_time <= now),
+            (
+                _marked(t, p.takeover_until)
+                for p in self.shards.values()
+                for t in p.pending.values()
+                if t.fire_time <= now
+            ),
             key=lambda t: t.position,
         )
         self._round_ok = False

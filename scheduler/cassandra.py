@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 # How far back ListRuns looks: the run table's TTL.
 RUN_RETENTION_DAYS = 30
 MAX_ERROR_CHARS = 4096
+# Statuses that do not show a worker took the run (its message may never have reached Kafka).
+_NOT_TAKEN = (RunStatus.ENQUEUED.value, RunStatus.SKIPPED.value)
 
 
 # A run row's status cells are written at a timestamp derived from the run itself, never from
@@ -430,6 +432,25 @@ class CassandraRunStore:
                         )
                     )
         await write_grouped(self.session, items)
+
+    async def delivered(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of ``run_ids`` a worker has taken (RUNNING, or an outcome recorded): their
+        messages reached Kafka. One read each, concurrently: for the few timers a new shard
+        owner may be firing a second time, never for every firing."""
+
+        async def one(run_id: str) -> str | None:
+            ref = parse_run_id(run_id)
+            rows = await aexecute(
+                self.session,
+                self.q["get_run_status"],
+                (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
+            )
+            row = first(rows)
+            taken = row is not None and row.status not in (None, *_NOT_TAKEN)
+            return run_id if taken else None
+
+        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
+        return {r for r in found if r is not None}
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""

@@ -326,13 +326,17 @@ class Firing:
         """Fires a batch; raises if anything failed, so the scanner retries the batch."""
         started = time.perf_counter()
         fires: list[FireTimer] = []
+        fire_timers: list[Timer] = []
         runs: list[RunTimer] = []
+        run_timers: list[Timer] = []
         backfills: list[BackfillTimer] = []
         for t in due:
             if t.kind == FIRE:
                 fires.append(FireTimer.from_timer(t))
+                fire_timers.append(t)
             elif t.kind == RUN:
                 runs.append(RunTimer.from_timer(t))
+                run_timers.append(t)
             elif t.kind == BACKFILL:
                 backfills.append(BackfillTimer.from_timer(t))
             else:
@@ -345,11 +349,14 @@ class Firing:
         )
         now = self._clock()
         plan = FiringPlan()
-        for f in fires:
+        # Runs of timers a new shard owner hands over that its previous owner may have fired.
+        recheck: set[str] = set()
+        for f, timer in zip(fires, fire_timers, strict=True):
             s = schedules.get(f.schedule_id)
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
+            before = len(plan.enqueue)
             plan_fire(
                 s,
                 f,
@@ -358,7 +365,9 @@ class Firing:
                 self._timers.shard_count,
                 misfire_threshold=self._misfire_threshold,
             )
-        for r in runs:
+            if timer.after_takeover:
+                recheck.update(run.run_id for _s, run in plan.enqueue[before:])
+        for r, timer in zip(runs, run_timers, strict=True):
             s = schedules.get(r.schedule_id)
             if s is None or s.state is ScheduleState.CANCELLED:
                 metrics.TIMERS_SUPERSEDED.inc()
@@ -366,6 +375,10 @@ class Firing:
             if not dependent_run_wanted(s, r, plan):
                 continue
             plan_run(s, r, now, plan)
+            if timer.after_takeover:
+                recheck.add(r.run_id)
+        if recheck:
+            await self._drop_delivered(plan, recheck)
         await self._apply(plan, now)
         done = self._clock()
         for _s, run in plan.enqueue:
@@ -381,6 +394,19 @@ class Firing:
         )
         # Backfills last: live firings of the batch are out before any backfill run.
         await self._backfill_due(backfills)
+
+    async def _drop_delivered(self, plan: FiringPlan, recheck: set[str]) -> None:
+        """Takes out of ``plan`` the runs among ``recheck`` that a worker already took (the
+        shard's previous owner fired them): no second message and no rewrite of their row.
+        The rest of the plan (next timers, skips) is written again, idempotently: the previous
+        owner may have stopped part way through writing it. A run recorded but not taken is
+        produced again: its message may never have reached Kafka."""
+        taken = await self._runs.delivered(sorted(recheck))
+        if not taken:
+            return
+        plan.enqueue = [(s, run) for s, run in plan.enqueue if run.run_id not in taken]
+        metrics.REFIRES_AVOIDED.inc(len(taken))
+        logger.info("%d runs were already taken by workers; not produced again", len(taken))
 
     async def _backfill_due(self, due: list[BackfillTimer]) -> None:
         """Tops up the backfills whose timers are due: their next slots up to each one's free

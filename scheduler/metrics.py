@@ -31,6 +31,10 @@ TIMERS_QUARANTINED = Counter(
     "Due timers set aside because firing them failed on its own (poison), by timer kind.",
     ["kind"],
 )
+REFIRES_AVOIDED = Counter(
+    "cronscale_refires_avoided_total",
+    "Runs a new shard owner found already taken by a worker and did not produce again.",
+)
 RUNS_SKIPPED = Counter(
     "cronscale_runs_skipped_total", "Slots recorded SKIPPED instead of running.", ["reason"]
 )

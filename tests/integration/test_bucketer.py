@@ -10,7 +10,7 @@ from cassandra.cluster import Session
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership
 from bucketer.keys import minute_bucket
-from bucketer.model import Checkpoint, Timer
+from bucketer.model import Checkpoint, ShardLease, Timer
 from bucketer.scanner import OnDue, OnPoison, WheelScanner
 from scheduler.config import Config
 
@@ -384,3 +384,42 @@ async def test_a_timer_due_beyond_the_ttl_limit_does_not_expire_first(
     }
     assert ttls["far"] is None, "no TTL: it must outlive the 20-year limit"
     assert 3600 < ttls["near"] <= 3600 + 2 * 86400
+
+
+async def test_timers_a_previous_owner_may_have_fired_are_marked(
+    store: CassandraTimerStore,
+) -> None:
+    """After a takeover, timers due before the new owner claimed the shard (plus its
+    read-ahead) are handed with after_takeover: the previous owner may have fired them."""
+    shard = 6
+    claimed: ShardLease | None = None
+    for owner in ("previous", "next"):  # two claims: the second is a takeover
+        lease = await store.read_lease(shard)
+        claimed = await store.claim(
+            lease, owner=owner, lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+        )
+    assert claimed is not None and claimed.epoch > 1
+    now = datetime.now(UTC)
+    timers = [
+        Timer(
+            fire_time=now - timedelta(seconds=1), timer_id="before", shard=shard, kind="t", key="a"
+        ),
+        Timer(
+            fire_time=now + timedelta(seconds=3), timer_id="after", shard=shard, kind="t", key="b"
+        ),
+    ]
+    await store.put(timers, now=now - timedelta(seconds=2))
+    handed: dict[str, bool] = {}
+
+    async def on_due(batch: list[Timer]) -> None:
+        # (Earlier tests left timers in this shard too.)
+        handed.update({t.timer_id: t.after_takeover for t in batch if t.key in ("a", "b")})
+
+    scanner = WheelScanner(store, on_due, lookahead=timedelta(seconds=1))
+    await scanner.add_shard(claimed)
+    deadline = datetime.now(UTC) + timedelta(seconds=10)
+    while len(handed) < 2 and datetime.now(UTC) < deadline:
+        await scanner.read(datetime.now(UTC))
+        await scanner.fire_due()
+        await asyncio.sleep(0.2)
+    assert handed == {"before": True, "after": False}
