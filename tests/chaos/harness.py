@@ -523,6 +523,32 @@ def read_runs(fleet: Fleet, planned: list[ChaosSchedule]) -> list[RunView]:
     return out
 
 
+def code_version() -> str:
+    """The commit the fleet runs, and how many files of the product differ from it (the
+    processes run this working tree, uncommitted changes included)."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "bucketer", "scheduler", "worker", "ops"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({e})"
+    return f"{head}" + (f" + {len(dirty)} uncommitted product files" if dirty else " (clean)")
+
+
 def _wait(check: Callable[[], bool], timeout: float, poll: float = 1.0) -> bool:
     deadline = time.monotonic() + timeout
     while not check():
@@ -541,7 +567,8 @@ def run_chaos(options: ChaosOptions) -> Report:
     logs, exec_dir = out / "logs", out / "exec"
     logs.mkdir(parents=True, exist_ok=True)
     exec_dir.mkdir(parents=True, exist_ok=True)
-    logger.info("chaos run in %s (seed %d)", out, seed)
+    version = code_version()
+    logger.info("chaos run in %s (seed %d) on %s", out, seed, version)
 
     settings: LocalSettings | None = None
     token = uuid.uuid4().hex[:8]
@@ -629,8 +656,8 @@ def run_chaos(options: ChaosOptions) -> Report:
         )
         report.notes += injector.notes
         report.notes.append(
-            f"seed {seed}; artifacts (process logs, execution log) in {out}; keyspace "
-            f"{config.keyspace}"
+            f"code {version}; seed {seed}; artifacts (process logs, execution log) in {out}; "
+            f"keyspace {config.keyspace}"
         )
         (out / "report.md").write_text(report.render())
         return report
