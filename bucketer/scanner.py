@@ -101,6 +101,7 @@ class WheelScanner:
         batch: int = 1000,
         per_shard_limit: int = 1000,
         pages_per_read: int = 10,
+        batches_in_flight: int = 4,
         max_pending_per_shard: int = 50_000,
         shards_per_query: int = 32,
         checkpoint_every: timedelta = timedelta(seconds=2),
@@ -119,6 +120,7 @@ class WheelScanner:
         self._batch = batch
         self._limit = per_shard_limit
         self._pages = pages_per_read
+        self._in_flight = batches_in_flight
         self._max_pending = max_pending_per_shard
         self._chunk = shards_per_query
         self._checkpoint_every = checkpoint_every.total_seconds()
@@ -307,15 +309,39 @@ class WheelScanner:
             key=lambda t: t.position,
         )
         self._round_ok = False
-        handed = 0
-        for start in range(0, len(due), self._batch):
-            # The lease is checked before every batch: a member that cannot prove it still owns
-            # a shard (paused, cut off) fires nothing more of it.
-            batch = [t for t in due[start : start + self._batch] if self._may_fire(t.shard)]
-            if batch:
-                await self._deliver(batch)
-                handed += len(batch)
-        return handed
+        if not due:
+            return 0
+        slots = asyncio.Semaphore(self._in_flight)
+
+        async def hand(batch: list[Timer]) -> int:
+            async with slots:
+                # The lease is checked before every batch: a member that cannot prove it still
+                # owns a shard (paused, cut off) fires nothing more of it.
+                batch = [t for t in batch if self._may_fire(t.shard)]
+                if batch:
+                    await self._deliver(batch)
+                return len(batch)
+
+        # Several batches in flight: one slow write or send does not hold up the others, and a
+        # :00 herd's batches overlap their reads, writes and produces.
+        results = await asyncio.gather(
+            *(hand(b) for b in self._batches(due)), return_exceptions=True
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return sum(r for r in results if isinstance(r, int))
+
+    def _batches(self, due: list[Timer]) -> list[list[Timer]]:
+        """``due`` in batches of at most about ``batch``, each timer key's timers in one batch
+        (batches run concurrently; two timers of one schedule must not race each other)."""
+        n = -(-len(due) // self._batch)
+        if n == 1:
+            return [due]
+        batches: list[list[Timer]] = [[] for _ in range(n)]
+        for t in due:
+            batches[hash(t.key) % n].append(t)
+        return [b for b in batches if b]
 
     async def _deliver(self, batch: list[Timer]) -> None:
         try:
