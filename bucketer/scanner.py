@@ -102,6 +102,7 @@ class WheelScanner:
         per_shard_limit: int = 1000,
         pages_per_read: int = 10,
         batches_in_flight: int = 4,
+        batch_timeout: timedelta = timedelta(seconds=20),
         max_pending_per_shard: int = 50_000,
         shards_per_query: int = 32,
         checkpoint_every: timedelta = timedelta(seconds=2),
@@ -121,6 +122,7 @@ class WheelScanner:
         self._limit = per_shard_limit
         self._pages = pages_per_read
         self._in_flight = batches_in_flight
+        self._batch_timeout = batch_timeout.total_seconds()
         self._max_pending = max_pending_per_shard
         self._chunk = shards_per_query
         self._checkpoint_every = checkpoint_every.total_seconds()
@@ -345,11 +347,20 @@ class WheelScanner:
 
     async def _deliver(self, batch: list[Timer]) -> None:
         try:
-            await self._on_due(batch)
+            # A deadline: a send or write that never returns (a broker restarted under a
+            # producer) must fail the batch, not hold the shard unfired while its lease renews.
+            await asyncio.wait_for(self._on_due(batch), self._batch_timeout)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             if len(batch) > 1:
+                logger.warning(
+                    "a batch of %d due timers failed (%s: %s); handing it again in halves "
+                    "(its runs that went out are produced again, same run ids)",
+                    len(batch),
+                    type(e).__name__,
+                    e,
+                )
                 middle = len(batch) // 2
                 await self._deliver(batch[:middle])
                 await self._deliver(batch[middle:])

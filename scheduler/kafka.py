@@ -16,6 +16,9 @@ from scheduler.errors import Unavailable
 logger = logging.getLogger(__name__)
 
 RUN_MESSAGE_SCHEMA_VERSION = 1
+# A batch's sends must be acknowledged within this (above the 10 s request timeout, which
+# covers one request, not a wait for metadata or buffer space on a broken connection).
+SEND_DEADLINE = 15.0
 
 
 class KafkaRunQueue:
@@ -27,11 +30,16 @@ class KafkaRunQueue:
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5) -> None:
         self._bootstrap = bootstrap
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+        self._linger_ms = linger_ms
+        self._stale = False
+        self._producer = self._new_producer()
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap,
             acks="all",
             enable_idempotence=True,
-            linger_ms=linger_ms,
+            linger_ms=self._linger_ms,
             max_batch_size=256 * 1024,
             # Well under the misfire threshold (30 s): a stalled send fails and its batch is
             # fired again before the slots it carries count as missed (aiokafka's default, 40 s,
@@ -54,7 +62,18 @@ class KafkaRunQueue:
         await self._producer.stop()
 
     async def enqueue(self, topic: str, messages: Sequence[run_message_pb2.RunMessage]) -> None:
-        """Produces every message; raises if any was not acknowledged by all in-sync replicas."""
+        """Produces every message; raises if any was not acknowledged by all in-sync replicas
+        within the send deadline. After a deadline passed the producer is replaced before the
+        next batch: one left waiting on a broker that restarted can hang for good."""
+        if self._stale:
+            await self._restart()
+        try:
+            await asyncio.wait_for(self._send(topic, messages), SEND_DEADLINE)
+        except TimeoutError:
+            self._stale = True
+            raise
+
+    async def _send(self, topic: str, messages: Sequence[run_message_pb2.RunMessage]) -> None:
         futures = []
         for m in messages:
             headers = [("cronscale-run-id", m.run_id.encode())]
@@ -67,6 +86,16 @@ class KafkaRunQueue:
                 )
             )
         await asyncio.gather(*futures)
+
+    async def _restart(self) -> None:
+        logger.warning("replacing the Kafka producer after a send passed its deadline")
+        old, self._producer = self._producer, self._new_producer()
+        try:
+            await asyncio.wait_for(old.stop(), 5)
+        except Exception as e:
+            logger.warning("stopping the old producer failed: %s", e)
+        await self._producer.start()  # raises while Kafka is away: replaced again next time
+        self._stale = False
 
 
 async def ensure_topics(bootstrap: str, topics: Sequence[str], *, partitions: int) -> None:

@@ -423,3 +423,37 @@ async def test_timers_a_previous_owner_may_have_fired_are_marked(
         await scanner.fire_due()
         await asyncio.sleep(0.2)
     assert handed == {"before": True, "after": False}
+
+
+async def test_a_batch_that_never_returns_fails_and_is_handed_again(
+    store: CassandraTimerStore,
+) -> None:
+    """Found by the chaos suite: a dispatcher whose Kafka send never returned (the broker
+    restarted under its producer) kept renewing its shards' leases and fired none of their
+    timers for minutes. A batch now has a deadline: it fails, and the next round hands it again."""
+    shard, now = 1, datetime.now(UTC)
+    timer = Timer(
+        fire_time=now - timedelta(seconds=1), timer_id="hang", shard=shard, kind="t", key="hang"
+    )
+    await store.put([timer], now=now - timedelta(seconds=2))
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner="deadline", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    hang = True
+    fired: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        if hang:
+            await asyncio.Event().wait()  # never returns
+        fired.extend(t.timer_id for t in batch if t.key == "hang")
+
+    scanner = WheelScanner(store, on_due, batch_timeout=timedelta(milliseconds=300))
+    await scanner.add_shard(claimed)
+    await scanner.read(datetime.now(UTC))
+    with pytest.raises(TimeoutError):
+        await scanner.fire_due()
+    hang = False
+    await scanner.fire_due()
+    assert fired == ["hang"]
