@@ -17,8 +17,10 @@ response time: its percentiles are the fire-lag percentiles) beside the API call
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,23 @@ def _options(parser: Any) -> None:
     )
 
 
+def _timed(name: str, call: Callable[[], object]) -> None:
+    """Makes the gRPC call and reports it to Locust under ``name``."""
+    t0 = time.perf_counter()
+    exc: Exception | None = None
+    try:
+        call()
+    except grpc.RpcError as e:
+        exc = e
+    events.request.fire(  # type: ignore[no-untyped-call]
+        request_type="grpc",
+        name=name,
+        response_time=(time.perf_counter() - t0) * 1000,
+        response_length=0,
+        exception=exc,
+    )
+
+
 def _register(host: str, rate: int, run: str) -> None:
     spec = schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression="* * * * *"))
     spec.jitter.FromSeconds(60)
@@ -55,20 +74,13 @@ def _register(host: str, rate: int, run: str) -> None:
                 )
                 for n in range(start, min(rate, start + BATCH))
             ]
-            t0 = time.perf_counter()
-            exc: Exception | None = None
-            try:
-                api.BatchCreateSchedules(
-                    scheduler_service_pb2.BatchCreateSchedulesRequest(items=items), timeout=60
-                )
-            except grpc.RpcError as e:
-                exc = e
-            events.request.fire(  # type: ignore[no-untyped-call]
-                request_type="grpc",
-                name="BatchCreateSchedules",
-                response_time=(time.perf_counter() - t0) * 1000,
-                response_length=len(items),
-                exception=exc,
+            _timed(
+                "BatchCreateSchedules",
+                functools.partial(
+                    api.BatchCreateSchedules,
+                    scheduler_service_pb2.BatchCreateSchedulesRequest(items=items),
+                    timeout=60,
+                ),
             )
 
 
@@ -120,18 +132,9 @@ class Observer(User):
     def get(self) -> None:
         with grpc.insecure_channel(self.host or "127.0.0.1:50051") as channel:
             api = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
-            t0 = time.perf_counter()
-            exc: Exception | None = None
-            try:
-                api.ListSchedules(
+            _timed(
+                "ListSchedules",
+                lambda: api.ListSchedules(
                     scheduler_service_pb2.ListSchedulesRequest(page_size=1), timeout=10
-                )
-            except grpc.RpcError as e:
-                exc = e
-            events.request.fire(  # type: ignore[no-untyped-call]
-                request_type="grpc",
-                name="ListSchedules",
-                response_time=(time.perf_counter() - t0) * 1000,
-                response_length=0,
-                exception=exc,
+                ),
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -435,35 +435,33 @@ class CassandraRunStore:
 
     async def delivered(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` a worker has taken (RUNNING, or an outcome recorded): their
-        messages reached Kafka. One read each, concurrently: for the few timers a new shard
-        owner may be firing a second time, never for every firing."""
-
-        async def one(run_id: str) -> str | None:
-            ref = parse_run_id(run_id)
-            rows = await aexecute(
-                self.session,
-                self.q["get_run_status"],
-                (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
-            )
-            row = first(rows)
-            taken = row is not None and row.status not in (None, *_NOT_TAKEN)
-            return run_id if taken else None
-
-        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
-        return {r for r in found if r is not None}
+        messages reached Kafka. For the few timers a new shard owner may be firing a second
+        time, never for every firing."""
+        return await self._runs_where(
+            "get_run_status", run_ids, lambda row: row.status not in (None, *_NOT_TAKEN)
+        )
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""
+        return await self._runs_where(
+            "get_cancel_requested", run_ids, lambda row: bool(row.cancel_requested)
+        )
+
+    async def _runs_where(
+        self, query: str, run_ids: Sequence[str], holds: Callable[[Any], bool]
+    ) -> set[str]:
+        """The run ids whose row, read with ``query`` (one read each, concurrently), exists
+        and satisfies ``holds``."""
 
         async def one(run_id: str) -> str | None:
             ref = parse_run_id(run_id)
             rows = await aexecute(
                 self.session,
-                self.q["get_cancel_requested"],
+                self.q[query],
                 (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
             )
             row = first(rows)
-            return run_id if row is not None and row.cancel_requested else None
+            return run_id if row is not None and holds(row) else None
 
         found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
         return {r for r in found if r is not None}
