@@ -306,7 +306,7 @@ async def test_a_member_that_cannot_prove_its_lease_stops_firing(
     # Shards of its own (8..63): the test keyspace's 8 are held by other tests' leases.
     store = CassandraTimerStore(session, keyspace=migrated.keyspace, shard_count=64)
     await store.init_shards(minute_bucket(datetime.now(UTC)))
-    lease = timedelta(seconds=3)
+    lease = timedelta(seconds=6)  # may_fire holds for lease - 2 s; claiming 56 shards takes ~1 s
     fired: list[str] = []
 
     async def on_due(batch: list[Timer]) -> None:
