@@ -273,9 +273,7 @@ def test_downstream_runs_once_per_upstream_success_and_never_after_a_failure(
         ups = list_runs(stack, ok.id)
         if not all(r.status in TERMINAL | {SKIPPED} for r in ups):
             return False
-        wanted = {
-            r.run_id for r in ups if r.status == SUCCEEDED and dt(r.enqueue_time) > linked
-        }
+        wanted = {r.run_id for r in ups if r.status == SUCCEEDED and dt(r.enqueue_time) > linked}
         downs = list_runs(stack, down.id)
         return wanted <= {r.origin_run_id for r in downs} and all(
             r.status == SUCCEEDED for r in downs
