@@ -83,6 +83,11 @@ class CassandraService(LocalService):
             storage_port=s.storage_port,
             cql_port=s.cql_port,
             data_dir=s.data_dir(CASSANDRA),
+            commitlog_sync=(
+                "commitlog_sync: group\ncommitlog_sync_group_window: 10ms"
+                if s.commitlog_sync == "group"
+                else "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
+            ),
         )
         self._copy("logback.xml")
 

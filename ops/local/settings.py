@@ -33,6 +33,8 @@ ENV_JMX_PORT: Final = "CRONSCALE_LOCAL_JMX_PORT"
 ENV_KAFKA_PORT: Final = "CRONSCALE_LOCAL_KAFKA_PORT"
 ENV_KAFKA_CONTROLLER_PORT: Final = "CRONSCALE_LOCAL_KAFKA_CONTROLLER_PORT"
 ENV_CASSANDRA_HEAP: Final = "CRONSCALE_LOCAL_CASSANDRA_HEAP"
+ENV_COMMITLOG_SYNC: Final = "CRONSCALE_LOCAL_COMMITLOG_SYNC"
+COMMITLOG_SYNC_MODES: Final = ("periodic", "group")
 ENV_KAFKA_HEAP: Final = "CRONSCALE_LOCAL_KAFKA_HEAP"
 ENV_START_TIMEOUT: Final = "CRONSCALE_LOCAL_START_TIMEOUT"
 ENV_JAVA: Final = "CRONSCALE_LOCAL_JAVA"
@@ -72,6 +74,9 @@ class LocalSettings:
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
     cassandra_heap: str = "1g"
+    # "periodic" (Cassandra's default: fast, may lose the last acknowledged writes when the node
+    # is killed) or "group" (acknowledged only once the commit log is synced, 10 ms windows).
+    commitlog_sync: str = "periodic"
     kafka_heap: str = "512m"
     start_timeout_s: float = 240.0
     stop_timeout_s: float = 30.0
@@ -89,6 +94,11 @@ class LocalSettings:
                 raise LocalStackError(
                     f"invalid {name} heap {heap!r}: use a JVM size such as 512m or 1g"
                 )
+        if self.commitlog_sync not in COMMITLOG_SYNC_MODES:
+            raise LocalStackError(
+                f"{ENV_COMMITLOG_SYNC} must be one of {', '.join(COMMITLOG_SYNC_MODES)} "
+                f"(got {self.commitlog_sync!r})"
+            )
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise LocalStackError("start and stop timeouts must be positive")
         specs = self.ports(CASSANDRA) + self.ports(KAFKA)
@@ -144,6 +154,7 @@ class LocalSettings:
             kafka_port=integer(ENV_KAFKA_PORT, 9092),
             kafka_controller_port=integer(ENV_KAFKA_CONTROLLER_PORT, 9093),
             cassandra_heap=text(ENV_CASSANDRA_HEAP, "1g"),
+            commitlog_sync=text(ENV_COMMITLOG_SYNC, "periodic"),
             kafka_heap=text(ENV_KAFKA_HEAP, "512m"),
             start_timeout_s=seconds(ENV_START_TIMEOUT, 240.0),
             java=text(ENV_JAVA, "java"),

@@ -146,6 +146,9 @@ def private_settings(home: Path) -> LocalSettings:
         jmx_port=0,
         kafka_port=_free_port(),
         kafka_controller_port=_free_port(),
+        # The proof SIGKILLs this single node: without a replica, only a synced commit log
+        # keeps what it acknowledged (ops/local/cassandra.yaml.tmpl).
+        commitlog_sync="group",
     )
 
 
