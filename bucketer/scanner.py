@@ -317,12 +317,11 @@ class WheelScanner:
 
         async def hand(batch: list[Timer]) -> int:
             async with slots:
-                # The lease is checked before every batch: a member that cannot prove it still
-                # owns a shard (paused, cut off) fires nothing more of it.
-                batch = [t for t in batch if self._may_fire(t.shard)]
-                if batch:
-                    await self._deliver(batch)
-                return len(batch)
+                # The lease is checked before every batch (in _deliver): a member that cannot
+                # prove it still owns a shard (paused, cut off) fires nothing more of it.
+                owned = [t for t in batch if self._may_fire(t.shard)]
+                await self._deliver(owned)
+                return len(owned)
 
         # Several batches in flight: one slow write or send does not hold up the others, and a
         # :00 herd's batches overlap their reads, writes and produces.
@@ -346,6 +345,12 @@ class WheelScanner:
         return [b for b in batches if b]
 
     async def _deliver(self, batch: list[Timer]) -> None:
+        # The lease again, before every hand-over including the halves of a failed batch: a
+        # member paused mid-batch (SIGSTOP) comes back to a batch past its deadline, and must
+        # not hand its halves out once it can no longer prove it owns their shards.
+        batch = [t for t in batch if self._may_fire(t.shard)]
+        if not batch:
+            return
         try:
             # A deadline: a send or write that never returns (a broker restarted under a
             # producer) must fail the batch, not hold the shard unfired while its lease renews.

@@ -459,3 +459,47 @@ async def test_a_batch_that_never_returns_fails_and_is_handed_again(
     hang = False
     await scanner.fire_due()
     assert fired == ["hang"]
+
+
+async def test_a_member_paused_mid_batch_does_not_hand_its_halves_out(
+    store: CassandraTimerStore,
+) -> None:
+    """Found by the chaos suite: a dispatcher SIGSTOPped mid-batch came back to a batch past
+    its deadline and handed it out again in halves, though its lease had lapsed meanwhile and
+    a peer had fired those timers: hundreds of runs executed twice."""
+    shard, now = 0, datetime.now(UTC)
+    timers = [
+        Timer(
+            fire_time=now - timedelta(seconds=1),
+            timer_id=f"paused-{i}",
+            shard=shard,
+            kind="t",
+            key=f"p{i}",
+        )
+        for i in range(8)
+    ]
+    await store.put(timers, now=now - timedelta(seconds=2))
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner="paused", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    owned = True
+    calls: list[list[str]] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        nonlocal owned
+        calls.append([t.timer_id for t in batch])
+        owned = False  # the lease lapses while this batch hangs ("SIGSTOP")
+        await asyncio.Event().wait()
+
+    scanner = WheelScanner(
+        store,
+        on_due,
+        batch_timeout=timedelta(milliseconds=300),
+        may_fire=lambda _shard: owned,
+    )
+    await scanner.add_shard(claimed)
+    await scanner.read(datetime.now(UTC))
+    await scanner.fire_due()
+    assert len(calls) == 1, f"halves handed out after the lease lapsed: {calls[1:]}"
