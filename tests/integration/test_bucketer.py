@@ -22,6 +22,16 @@ def store(session: Session, migrated: Config) -> CassandraTimerStore:
     )
 
 
+async def _claim(store: CassandraTimerStore, shard: int, owner: str) -> ShardLease:
+    """Claims ``shard`` for ``owner`` with a 60 s lease (whoever held it)."""
+    lease = await store.read_lease(shard)
+    claimed = await store.claim(
+        lease, owner=owner, lease_expires=datetime.now(UTC) + timedelta(seconds=60)
+    )
+    assert claimed is not None
+    return claimed
+
+
 async def test_claim_contest_has_exactly_one_winner_and_fences_the_loser(
     store: CassandraTimerStore,
 ) -> None:
@@ -66,12 +76,7 @@ async def test_scanner_fires_due_timers_once_and_checkpoints(store: CassandraTim
     shards = [5, 6]
     claimed = []
     for shard in shards:
-        lease = await store.read_lease(shard)
-        got = await store.claim(
-            lease, owner="scan-test", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-        )
-        assert got is not None
-        claimed.append(got)
+        claimed.append(await _claim(store, shard, "scan-test"))
     now = datetime.now(UTC)
     due = [
         Timer(
@@ -145,11 +150,7 @@ async def test_a_shard_claimed_between_reads_loses_nothing(store: CassandraTimer
     """Regression: progress recorded for a shard added after the last read must not move its
     checkpoint over timers that were never read (a failover once dropped firings this way)."""
     shard = 7
-    lease = await store.read_lease(shard)
-    claimed = await store.claim(
-        lease, owner="late-claim", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-    )
-    assert claimed is not None
+    claimed = await _claim(store, shard, "late-claim")
     now = datetime.now(UTC)
     missed = Timer(
         fire_time=now - timedelta(seconds=5), timer_id="missed", shard=shard, kind="t", key="m"
@@ -173,11 +174,7 @@ async def test_a_herd_larger_than_a_read_drains_completely(store: CassandraTimer
     never advanced its read point, so later timers were never read and the reads spun. Here a
     read takes 200 rows (limit 50, 3 pages) and 3,000 timers are due in the same second."""
     shard = 2
-    lease = await store.read_lease(shard)
-    claimed = await store.claim(
-        lease, owner="herd", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-    )
-    assert claimed is not None
+    claimed = await _claim(store, shard, "herd")
     now = datetime.now(UTC)
     at = now - timedelta(seconds=3)
     herd = [
@@ -211,11 +208,7 @@ async def test_a_herd_larger_than_a_read_drains_completely(store: CassandraTimer
 async def _claimed_scanner(
     store: CassandraTimerStore, shard: int, on_due: OnDue, on_poison: OnPoison
 ) -> WheelScanner:
-    lease = await store.read_lease(shard)
-    claimed = await store.claim(
-        lease, owner=f"poison-{shard}", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-    )
-    assert claimed is not None
+    claimed = await _claim(store, shard, f"poison-{shard}")
     scanner = WheelScanner(store, on_due, on_poison=on_poison, batch=8)
     await scanner.add_shard(claimed)
     return scanner
@@ -394,13 +387,9 @@ async def test_timers_a_previous_owner_may_have_fired_are_marked(
     """After a takeover, timers due before the new owner claimed the shard (plus its
     read-ahead) are handed with after_takeover: the previous owner may have fired them."""
     shard = 6
-    claimed: ShardLease | None = None
-    for owner in ("previous", "next"):  # two claims: the second is a takeover
-        lease = await store.read_lease(shard)
-        claimed = await store.claim(
-            lease, owner=owner, lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-        )
-    assert claimed is not None and claimed.epoch > 1
+    await _claim(store, shard, "previous")
+    claimed = await _claim(store, shard, "next")  # the second claim is a takeover
+    assert claimed.epoch > 1
     now = datetime.now(UTC)
     timers = [
         Timer(
@@ -438,11 +427,7 @@ async def test_a_batch_that_never_returns_fails_and_is_handed_again(
         fire_time=now - timedelta(seconds=1), timer_id="hang", shard=shard, kind="t", key="hang"
     )
     await store.put([timer], now=now - timedelta(seconds=2))
-    lease = await store.read_lease(shard)
-    claimed = await store.claim(
-        lease, owner="deadline", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-    )
-    assert claimed is not None
+    claimed = await _claim(store, shard, "deadline")
     hang = True
     fired: list[str] = []
 
@@ -479,11 +464,7 @@ async def test_a_member_paused_mid_batch_does_not_hand_its_halves_out(
         for i in range(8)
     ]
     await store.put(timers, now=now - timedelta(seconds=2))
-    lease = await store.read_lease(shard)
-    claimed = await store.claim(
-        lease, owner="paused", lease_expires=datetime.now(UTC) + timedelta(seconds=60)
-    )
-    assert claimed is not None
+    claimed = await _claim(store, shard, "paused")
     owned = True
     calls: list[list[str]] = []
 
