@@ -317,11 +317,7 @@ class WheelScanner:
 
         async def hand(batch: list[Timer]) -> int:
             async with slots:
-                # The lease is checked before every batch (in _deliver): a member that cannot
-                # prove it still owns a shard (paused, cut off) fires nothing more of it.
-                owned = [t for t in batch if self._may_fire(t.shard)]
-                await self._deliver(owned)
-                return len(owned)
+                return await self._deliver(batch)
 
         # Several batches in flight: one slow write or send does not hold up the others, and a
         # :00 herd's batches overlap their reads, writes and produces.
@@ -344,13 +340,16 @@ class WheelScanner:
             batches[hash(t.key) % n].append(t)
         return [b for b in batches if b]
 
-    async def _deliver(self, batch: list[Timer]) -> None:
-        # The lease again, before every hand-over including the halves of a failed batch: a
-        # member paused mid-batch (SIGSTOP) comes back to a batch past its deadline, and must
-        # not hand its halves out once it can no longer prove it owns their shards.
+    async def _deliver(self, batch: list[Timer]) -> int:
+        """Hands ``batch`` over (see ``fire_due``); returns how many timers it handed.
+
+        The lease is checked before every hand-over, the halves of a failed batch included: a
+        member that cannot prove it still owns a shard (paused, cut off) fires nothing more of
+        it, and one paused mid-batch (SIGSTOP) comes back to a batch past its deadline.
+        """
         batch = [t for t in batch if self._may_fire(t.shard)]
         if not batch:
-            return
+            return 0
         try:
             # A deadline: a send or write that never returns (a broker restarted under a
             # producer) must fail the batch, not hold the shard unfired while its lease renews.
@@ -367,9 +366,7 @@ class WheelScanner:
                     e,
                 )
                 middle = len(batch) // 2
-                await self._deliver(batch[:middle])
-                await self._deliver(batch[middle:])
-                return
+                return await self._deliver(batch[:middle]) + await self._deliver(batch[middle:])
             await self._poisoned(batch[0], e)
         else:
             self._round_ok = True
@@ -377,6 +374,7 @@ class WheelScanner:
                 for t in batch:
                     self._strikes.pop(t.position, None)
         self._mark_handed(batch)
+        return len(batch)
 
     async def _poisoned(self, t: Timer, error: Exception) -> None:
         """A single timer failed: quarantine it if it is poison, else raise ``error``."""
