@@ -18,9 +18,7 @@ response time: its percentiles are the fire-lag percentiles) beside the API call
 from __future__ import annotations
 
 import functools
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from locust import User, between, events, task
 from locust.env import Environment
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
+from loadtest.locustfile import timed_call
 from scheduler.model import parse_run_id
 
 BATCH = 500
@@ -39,23 +38,6 @@ def _options(parser: Any) -> None:
     parser.add_argument("--rate", type=int, default=100_000, help="firings per minute")
     parser.add_argument(
         "--tally-dir", default="/tmp/cronscale-tally", help="the workers' CRONSCALE_LOADTEST_TALLY"
-    )
-
-
-def _timed(name: str, call: Callable[[], object]) -> None:
-    """Makes the gRPC call and reports it to Locust under ``name``."""
-    t0 = time.perf_counter()
-    exc: Exception | None = None
-    try:
-        call()
-    except grpc.RpcError as e:
-        exc = e
-    events.request.fire(  # type: ignore[no-untyped-call]
-        request_type="grpc",
-        name=name,
-        response_time=(time.perf_counter() - t0) * 1000,
-        response_length=0,
-        exception=exc,
     )
 
 
@@ -74,7 +56,7 @@ def _register(host: str, rate: int, run: str) -> None:
                 )
                 for n in range(start, min(rate, start + BATCH))
             ]
-            _timed(
+            timed_call(
                 "BatchCreateSchedules",
                 functools.partial(
                     api.BatchCreateSchedules,
@@ -132,7 +114,7 @@ class Observer(User):
     def get(self) -> None:
         with grpc.insecure_channel(self.host or "127.0.0.1:50051") as channel:
             api = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
-            _timed(
+            timed_call(
                 "ListSchedules",
                 lambda: api.ListSchedules(
                     scheduler_service_pb2.ListSchedulesRequest(page_size=1), timeout=10

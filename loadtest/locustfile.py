@@ -20,6 +20,26 @@ from locust import User, between, events, task
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
 
 
+def timed_call(name: str, call: Callable[[], Any]) -> Any:
+    """Makes a gRPC call and reports it to Locust under ``name``; its response, or None after
+    an RPC error (reported as a failure)."""
+    started = time.perf_counter()
+    exc: Exception | None = None
+    response: Any = None
+    try:
+        response = call()
+    except grpc.RpcError as e:
+        exc = e
+    events.request.fire(  # type: ignore[no-untyped-call]
+        request_type="grpc",
+        name=name,
+        response_time=(time.perf_counter() - started) * 1000,
+        response_length=response.ByteSize() if hasattr(response, "ByteSize") else 0,
+        exception=exc,
+    )
+    return response
+
+
 class GrpcUser(User):
     """A client of SchedulerService; every call is reported to Locust by its RPC name."""
 
@@ -35,21 +55,7 @@ class GrpcUser(User):
         self._channel.close()
 
     def call(self, name: str, fn: Callable[..., Any], request: Any) -> Any:
-        started = time.perf_counter()
-        exc: Exception | None = None
-        response = None
-        try:
-            response = fn(request, timeout=10)
-        except grpc.RpcError as e:
-            exc = e
-        events.request.fire(  # type: ignore[no-untyped-call]
-            request_type="grpc",
-            name=name,
-            response_time=(time.perf_counter() - started) * 1000,
-            response_length=response.ByteSize() if response is not None else 0,
-            exception=exc,
-        )
-        return response
+        return timed_call(name, lambda: fn(request, timeout=10))
 
 
 class SchedulerClient(GrpcUser):
