@@ -97,11 +97,29 @@ class CassandraTimerStore:
             fire = max(t.fire_time, now)
             ttl = int((fire - now + TIMER_RETENTION).total_seconds())
             bucket = minute_bucket(fire)
+            row = (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, _ttl(ttl))
+            if t.stamp is None:
+                items.append(Write((bucket, t.shard), self._q["put_timer"], row))
+            else:
+                items.append(Write((bucket, t.shard), self._q["put_timer_at"], (*row, t.stamp)))
+        return items
+
+    def settle_rows(self, timers: Iterable[Timer], *, now: datetime) -> list[Write]:
+        """Grouped-write items settling timers before they are due: each row is overwritten in
+        place by an inert marker the scanners skip, at the timer's ``stamp`` + 1, so the marker
+        wins even if it lands before the timer. Timers due by ``now`` are left alone (a scanner
+        may hold them already; their consumer must check anyway)."""
+        items: list[Write] = []
+        for t in timers:
+            if t.fire_time <= now or t.stamp is None:
+                continue
+            ttl = int((t.fire_time - now + TIMER_RETENTION).total_seconds())
+            bucket = minute_bucket(t.fire_time)
             items.append(
                 Write(
                     (bucket, t.shard),
-                    self._q["put_timer"],
-                    (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, _ttl(ttl)),
+                    self._q["settle_timer"],
+                    (bucket, t.shard, t.fire_time, t.timer_id, _ttl(ttl), t.stamp + 1),
                 )
             )
         return items

@@ -8,6 +8,10 @@ from typing import Any
 
 from bucketer.keys import minute_bucket
 
+# The kind of a timer settled before it was due (``CassandraTimerStore.settle_rows``): its row
+# stays, inert; scanners skip it.
+SETTLED = "settled"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Timer:
@@ -23,6 +27,9 @@ class Timer:
     kind: str
     key: str
     data: bytes = b""
+    # An explicit write timestamp (µs) for a timer that may be settled before it is due; the
+    # settling marker is written at ``stamp + 1``. None: the driver's clock.
+    stamp: int | None = None
     # Set by the scanner on a timer it hands over soon after its shard changed owner, due
     # before the previous owner can have stopped: that owner may have fired it already (its
     # checkpoint trails what it fired), so the caller may check before doing the work twice.

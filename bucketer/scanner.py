@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership, epoch_start
 from bucketer.keys import bucket_end, minute_bucket
-from bucketer.model import Checkpoint, ShardLease, Timer
+from bucketer.model import SETTLED, Checkpoint, ShardLease, Timer
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +285,8 @@ class WheelScanner:
             return  # lost while reading
         floor = p.after(bucket)
         for t in timers:
+            if t.kind == SETTLED:
+                continue
             pos = t.position
             if pos > floor and pos not in p.handed and pos not in p.pending:
                 p.pending[pos] = t

@@ -43,6 +43,7 @@ _NOT_TAKEN = (RunStatus.ENQUEUED.value, RunStatus.SKIPPED.value)
 _ENQUEUED_RANK = 0
 _RUNNING_RANK = 1
 _OUTCOME_RANK = 2
+_DEAD_LETTER_RANK = 3
 _ATTEMPT_STRIDE = 4
 
 
@@ -335,6 +336,8 @@ class CassandraRunStore:
                         r.error or UNSET_VALUE,
                         r.origin_run_id or UNSET_VALUE,
                         r.backfill_id or UNSET_VALUE,
+                        # A retry's row no longer waits for it.
+                        None if r.attempt > 1 else UNSET_VALUE,
                         run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
                     ),
                 )
@@ -360,7 +363,68 @@ class CassandraRunStore:
             )
         return items
 
-    async def record_events(self, events: Sequence[RunEventRecord], *, now: datetime) -> None:
+    def retry_row(self, e: RunEventRecord, at: datetime) -> Write:
+        """A grouped-write item showing on the run that its failed attempt ``e`` will be
+        retried ``at``."""
+        day = day_of(e.scheduled_for)
+        ts = run_cell_time(e.scheduled_for, e.attempt, _OUTCOME_RANK)
+        where = (e.schedule_id, day, e.scheduled_for, e.run_id)
+        return Write((e.schedule_id, day), self.q["run_retry_at"], (ts, at, *where))
+
+    def dead_letter_row(self, e: RunEventRecord) -> Write:
+        """A grouped-write item marking the run DEAD_LETTERED after its last attempt ``e``."""
+        day = day_of(e.scheduled_for)
+        ts = run_cell_time(e.scheduled_for, e.attempt, _DEAD_LETTER_RANK)
+        where = (e.schedule_id, day, e.scheduled_for, e.run_id)
+        return Write(
+            (e.schedule_id, day),
+            self.q["run_dead_lettered"],
+            (ts, RunStatus.DEAD_LETTERED.value, *where),
+        )
+
+    def attempt_rows(self, failed: Iterable[RunEventRecord]) -> list[Write]:
+        """Grouped-write items recording failed attempts (the history a dead letter carries)."""
+        return [
+            Write(
+                (e.run_id,),
+                self.q["insert_attempt"],
+                (
+                    e.run_id,
+                    e.attempt,
+                    e.status.value if e.status else None,
+                    e.error[:MAX_ERROR_CHARS],
+                    e.start_time,
+                    e.event_time,
+                    e.worker_id,
+                ),
+            )
+            for e in failed
+        ]
+
+    async def attempts(self, run_id: str) -> list[Any]:
+        """The recorded failed attempts of a run, oldest first (rows of ``run_attempts``)."""
+        return await aexecute(self.session, self.q["list_attempts"], (run_id,))
+
+    async def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        """The runs among ``run_ids`` that exist (one read each, concurrently). For the few runs
+        whose lease came due unsettled or whose retry is due, never for every firing."""
+
+        async def one(run_id: str) -> Run | None:
+            try:
+                return await self.get(run_id)
+            except NotFound:
+                return None
+
+        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
+        return {r.run_id: r for r in found if r is not None}
+
+    async def record_events(
+        self,
+        events: Sequence[RunEventRecord],
+        *,
+        now: datetime,
+        also: Sequence[Write] = (),
+    ) -> None:
         """Applies worker reports, grouped by partition: each run row at its cell time, and the
         schedule's overlap cells (a heartbeat is a sign of life, an outcome ends the run).
 
@@ -431,6 +495,7 @@ class CassandraRunStore:
                             e.schedule_id, e.run_id, e.enqueue_time or e.scheduled_for
                         )
                     )
+        items.extend(also)
         await write_grouped(self.session, items)
 
     async def delivered(self, run_ids: Sequence[str]) -> set[str]:

@@ -38,6 +38,10 @@ class Config:
     # A process whose clock differs from Cassandra's by more than this owns no shards and
     # writes no timers (bucketer.clock); keep it well inside the scanners' 2 s grace window.
     clock_skew_tolerance_ms: int = 500
+    # Run leases (scheduler.retries): an attempt not finished this long after it was enqueued
+    # is checked on, and found lost if not started or silent for the heartbeat lease.
+    run_lease_s: float = 300.0
+    heartbeat_lease_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -72,8 +76,14 @@ class Config:
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
             clock_skew_tolerance_ms=_int("CRONSCALE_CLOCK_SKEW_TOLERANCE_MS", 500),
+            run_lease_s=float(_int("CRONSCALE_RUN_LEASE", 300)),
+            heartbeat_lease_s=float(_int("CRONSCALE_HEARTBEAT_LEASE", 60)),
         )
 
     def topic(self, tier: str = "standard") -> str:
         """The Kafka topic that carries run messages of ``tier``."""
         return f"{self.topic_prefix}.{tier}"
+
+    def dead_letter_topic(self) -> str:
+        """The Kafka topic that carries dead letters (``cronscale.v1.DeadLetter``)."""
+        return f"{self.topic_prefix}.dlq"

@@ -45,6 +45,7 @@ from scheduler.model import (
     run_id_for,
 )
 from scheduler.overlap import OverlapAction, decide_overlap
+from scheduler.retries import HEARTBEAT_LEASE, START_LEASE, Failures, LeaseCheck
 from scheduler.slots import (
     MAX_ENUMERATED_MISSES,
     Slot,
@@ -53,7 +54,16 @@ from scheduler.slots import (
     plan_misfire,
     slots_between,
 )
-from scheduler.timers import BACKFILL, FIRE, RUN, BackfillTimer, FireTimer, RunTimer
+from scheduler.timers import (
+    BACKFILL,
+    FIRE,
+    LEASE,
+    RUN,
+    BackfillTimer,
+    FireTimer,
+    LeaseTimer,
+    RunTimer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -211,13 +221,14 @@ def _run(
     manual: bool = False,
     origin_run_id: str = "",
     backfill_id: str = "",
+    attempt: int = 1,
 ) -> Run:
     return Run(
         run_id=run_id,
         schedule_id=s.schedule_id,
         scheduled_for=scheduled_for,
         status=RunStatus.ENQUEUED,
-        attempt=1,
+        attempt=attempt,
         handler=s.handler,
         tenant=s.tenant,
         manual=manual,
@@ -240,6 +251,7 @@ def plan_run(s: Schedule, r: RunTimer, now: datetime, plan: FiringPlan) -> None:
                 manual=r.manual,
                 origin_run_id=r.origin_run_id,
                 backfill_id=r.backfill_id,
+                attempt=r.attempt,
             ),
         )
     )
@@ -291,10 +303,21 @@ class Firing:
         timers: CassandraTimerStore,
         queue: KafkaRunQueue,
         topic: str,
+        failures: Failures,
         misfire_threshold: timedelta = MISFIRE_THRESHOLD,
+        start_lease: timedelta = START_LEASE,
+        heartbeat_lease: timedelta = HEARTBEAT_LEASE,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._misfire_threshold = misfire_threshold
+        self._start_lease = start_lease
+        self._leases = LeaseCheck(
+            runs=runs,
+            timers=timers,
+            failures=failures,
+            heartbeat_lease=heartbeat_lease,
+            clock=clock,
+        )
         self._schedules = schedules
         self._runs = runs
         self._timers = timers
@@ -330,6 +353,7 @@ class Firing:
         runs: list[RunTimer] = []
         run_timers: list[Timer] = []
         backfills: list[BackfillTimer] = []
+        leases: list[LeaseTimer] = []
         for t in due:
             if t.kind == FIRE:
                 fires.append(FireTimer.from_timer(t))
@@ -339,11 +363,16 @@ class Firing:
                 run_timers.append(t)
             elif t.kind == BACKFILL:
                 backfills.append(BackfillTimer.from_timer(t))
+            elif t.kind == LEASE:
+                leases.append(LeaseTimer.from_timer(t))
             else:
                 logger.warning("ignoring timer of unknown kind %r (%s)", t.kind, t.timer_id)
+        # Leases first: a lost attempt's retry is a run timer written now, fired later.
+        await self._leases.check(leases)
         if not fires and not runs:
             await self._backfill_due(backfills)
             return
+        runs, run_timers = await self._current_retries(runs, run_timers)
         schedules = await self._schedules.get_many(
             [f.schedule_id for f in fires] + [r.schedule_id for r in runs]
         )
@@ -394,6 +423,37 @@ class Firing:
         )
         # Backfills last: live firings of the batch are out before any backfill run.
         await self._backfill_due(backfills)
+
+    async def _current_retries(
+        self, runs: list[RunTimer], timers: list[Timer]
+    ) -> tuple[list[RunTimer], list[Timer]]:
+        """The retries among ``runs`` (attempt above 1) that are still wanted, completed from
+        their run rows (manual, origin, backfill); a retry whose run moved past the failed
+        attempt already (a repeated failure report put a second timer) is dropped. One read per
+        retry, never per firing."""
+        retries = [r for r in runs if r.attempt > 1]
+        if not retries:
+            return runs, timers
+        rows = await self._runs.get_many([r.run_id for r in retries])
+        kept: list[RunTimer] = []
+        kept_timers: list[Timer] = []
+        seen: set[tuple[str, int]] = set()
+        for r, t in zip(runs, timers, strict=True):
+            if r.attempt > 1:
+                row = rows.get(r.run_id)
+                if row is None or row.attempt >= r.attempt or (r.run_id, r.attempt) in seen:
+                    metrics.TIMERS_SUPERSEDED.inc()
+                    continue
+                seen.add((r.run_id, r.attempt))
+                r = replace(
+                    r,
+                    manual=row.manual,
+                    origin_run_id=row.origin_run_id,
+                    backfill_id=row.backfill_id,
+                )
+            kept.append(r)
+            kept_timers.append(t)
+        return kept, kept_timers
 
     async def _drop_delivered(self, plan: FiringPlan, recheck: set[str]) -> None:
         """Takes out of ``plan`` the runs among ``recheck`` that a worker already took (the
@@ -449,16 +509,37 @@ class Firing:
             items.append(schedules.record_completed(s.schedule_id, at))
         items.extend(self._runs.cancel_rows(plan.cancel))
         items.extend(self._timers.rows(plan.next_timers, now=now))
+        # Every attempt enqueued holds a lease (scheduler.retries): a timer the API settles
+        # when the outcome arrives, checked by a dispatcher only if it does not.
+        lease_at = now + self._start_lease
+        items.extend(
+            self._timers.rows(
+                [
+                    LeaseTimer(
+                        schedule_id=s.schedule_id,
+                        run_id=run.run_id,
+                        attempt=run.attempt,
+                        scheduled_for=run.scheduled_for,
+                        enqueued=now,
+                        fire_at=lease_at,
+                    ).to_timer(self._timers.shard_count)
+                    for s, run in plan.enqueue
+                ],
+                now=now,
+            )
+        )
         # Rows and messages go out together: every row carries a timestamp that orders it
         # against the worker's reports (run rows by slot, attempt and status; overlap cells by
         # enqueue time), so which lands first does not matter; if either fails the batch is
         # fired again, with the same run ids.
         await asyncio.gather(
             write_grouped(self._runs.session, items),
-            self._queue.enqueue(self._topic, [self._message(s, r) for s, r in plan.enqueue]),
+            self._queue.enqueue(
+                self._topic, [self._message(s, r, lease_at) for s, r in plan.enqueue]
+            ),
         )
 
-    def _message(self, s: Schedule, run: Run) -> run_message_pb2.RunMessage:
+    def _message(self, s: Schedule, run: Run, lease_at: datetime) -> run_message_pb2.RunMessage:
         m = run_message_pb2.RunMessage(
             schema_version=RUN_MESSAGE_SCHEMA_VERSION,
             run_id=run.run_id,
@@ -477,6 +558,7 @@ class Firing:
         m.scheduled_for.CopyFrom(_ts(run.scheduled_for))
         assert run.enqueue_time is not None
         m.enqueue_time.CopyFrom(_ts(run.enqueue_time))
+        m.lease_expire_time.CopyFrom(_ts(lease_at))
         if s.max_runtime:
             m.max_runtime.FromTimedelta(s.max_runtime)
         return m

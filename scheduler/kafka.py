@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
-from cronscale.v1 import run_message_pb2
 from scheduler.errors import Unavailable
 
 logger = logging.getLogger(__name__)
@@ -19,6 +19,16 @@ RUN_MESSAGE_SCHEMA_VERSION = 1
 # A batch's sends must be acknowledged within this (above the 10 s request timeout, which
 # covers one request, not a wait for metadata or buffer space on a broken connection).
 SEND_DEADLINE = 15.0
+
+
+class Keyed(Protocol):
+    """What the queue produces: a run message or a dead letter (both carry these ids)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def schedule_id(self) -> str: ...
+    def SerializeToString(self, *, deterministic: bool = ...) -> bytes: ...
 
 
 class KafkaRunQueue:
@@ -61,7 +71,7 @@ class KafkaRunQueue:
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def enqueue(self, topic: str, messages: Sequence[run_message_pb2.RunMessage]) -> None:
+    async def enqueue(self, topic: str, messages: Sequence[Keyed]) -> None:
         """Produces every message; raises if any was not acknowledged by all in-sync replicas
         within the send deadline. After a deadline passed the producer is replaced before the
         next batch: one left waiting on a broker that restarted can hang for good."""
@@ -73,7 +83,7 @@ class KafkaRunQueue:
             self._stale = True
             raise
 
-    async def _send(self, topic: str, messages: Sequence[run_message_pb2.RunMessage]) -> None:
+    async def _send(self, topic: str, messages: Sequence[Keyed]) -> None:
         futures = []
         for m in messages:
             headers = [("cronscale-run-id", m.run_id.encode())]

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from datetime import datetime
 
 from bucketer.cql import Write
+from scheduler import metrics
+from scheduler.dead_letters import DeadLetter
 from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler.model import (
     STALE_RUN,
@@ -39,8 +42,16 @@ logger = logging.getLogger(__name__)
 
 # The states after which a run changes no more, and so may be run again.
 RERUNNABLE = frozenset(
-    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD_LETTERED}
+    {
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.TIMED_OUT,
+        RunStatus.CANCELLED,
+        RunStatus.DEAD_LETTERED,
+    }
 )
+# RedriveDeadLetters re-drives at most this many per call.
+MAX_BULK_REDRIVE = 1000
 # CancelSchedule retries its compare-and-set this often when a concurrent change wins.
 _CANCEL_ATTEMPTS = 3
 
@@ -261,23 +272,80 @@ class Lifecycle:
         NOT_FOUND if the run or its schedule is gone; FAILED_PRECONDITION if the run has not
         finished (SUCCEEDED, FAILED, CANCELLED, DEAD_LETTERED) or the schedule is CANCELLED.
         """
-        svc = self._svc
-        original = await svc.runs.get(run_id)
-        if original.status not in RERUNNABLE:
-            raise FailedPrecondition(
-                f"run {run_id!r} is {original.status.value}; only a finished run (SUCCEEDED, "
-                "FAILED, CANCELLED or DEAD_LETTERED) can be re-run"
-            )
-        s = await svc.schedules.get(original.schedule_id)
-        _require_not_cancelled(s, f"run {run_id!r} of it cannot be re-run")
-        now = svc.now()
+        original, s = await self._rerunnable(run_id)
         new_id = run_id_for(s.schedule_id, original.scheduled_for, manual=True)
         first = await self._first_result(f"rerun:{run_id}", request_id, new_id)
+        if first is not None:
+            try:
+                return await self._svc.runs.get(first)  # a retry: the first call's run
+            except NotFound:
+                new_id = first  # the first call stopped before recording it
+        return await self._run_again(original, s, new_id)
+
+    async def redrive(self, run_id: str, *, request_id: str = "") -> Run:
+        """Re-drives a dead letter: a new attempt series (the retry policy applies afresh)
+        under a fresh manual run id linked to the original, like ``rerun``; the dead letter
+        records it, once. NOT_FOUND if the run is not dead-lettered; FAILED_PRECONDITION if it
+        was re-driven already (a retry with the same ``request_id`` answers the first run)."""
+        svc = self._svc
+        letter = await svc.dead_letters.get(run_id)
+        original, s = await self._rerunnable(run_id)
+        new_id = run_id_for(s.schedule_id, original.scheduled_for, manual=True)
+        first = await self._first_result(f"redrive:{run_id}", request_id, new_id)
         if first is not None:
             try:
                 return await svc.runs.get(first)  # a retry: the first call's run
             except NotFound:
                 new_id = first  # the first call stopped before recording it
+        await self._claim_redrive(letter, new_id)
+        run = await self._run_again(original, s, new_id)
+        metrics.DEAD_LETTERS_REDRIVEN.inc()
+        return run
+
+    async def _claim_redrive(self, letter: DeadLetter, new_id: str) -> None:
+        """Records on the dead letter that ``new_id`` re-drives it, unless another run did."""
+        svc = self._svc
+        taken = letter.redrive_run_id
+        if not taken and not await svc.dead_letters.mark_redriven(letter, new_id, svc.now()):
+            taken = (await svc.dead_letters.get(letter.run_id)).redrive_run_id
+        if taken and taken != new_id:
+            raise FailedPrecondition(f"run {letter.run_id!r} was re-driven already, as {taken!r}")
+
+    async def redrive_many(
+        self, schedule_id: str, *, start: datetime | None, end: datetime | None
+    ) -> list[Run]:
+        """Re-drives every dead letter of ``schedule_id`` not re-driven yet, dead-lettered in
+        [start, end) when given. At most ``MAX_BULK_REDRIVE`` per call (call again for more)."""
+        svc = self._svc
+        await svc.schedules.get(schedule_id)  # NOT_FOUND for an unknown schedule
+        letters = [
+            d
+            for d in await svc.dead_letters.of_schedule(schedule_id)
+            if not d.redrive_run_id
+            and (start is None or d.dead_letter_time >= start)
+            and (end is None or d.dead_letter_time < end)
+        ]
+        runs: list[Run] = []
+        for d in sorted(letters, key=lambda d: d.dead_letter_time)[:MAX_BULK_REDRIVE]:
+            try:
+                runs.append(await self.redrive(d.run_id))
+            except FailedPrecondition:
+                continue  # re-driven concurrently by someone else
+        return runs
+
+    async def _rerunnable(self, run_id: str) -> tuple[Run, Schedule]:
+        svc = self._svc
+        original = await svc.runs.get(run_id)
+        if original.status not in RERUNNABLE:
+            raise FailedPrecondition(
+                f"run {run_id!r} is {original.status.value}; only a finished run (SUCCEEDED, "
+                "FAILED, TIMED_OUT, CANCELLED or DEAD_LETTERED) can be re-run"
+            )
+        s = await svc.schedules.get(original.schedule_id)
+        _require_not_cancelled(s, f"run {run_id!r} of it cannot be re-run")
+        return original, s
+
+    async def _run_again(self, original: Run, s: Schedule, new_id: str) -> Run:
         run = Run(
             run_id=new_id,
             schedule_id=s.schedule_id,
@@ -286,7 +354,7 @@ class Lifecycle:
             handler=s.handler,
             tenant=s.tenant,
             manual=True,
-            enqueue_time=now,
+            enqueue_time=self._svc.now(),
             origin_run_id=original.run_id,
         )
         await self._enqueue(run, [])

@@ -38,6 +38,24 @@ REFIRES_AVOIDED = Counter(
 RUNS_SKIPPED = Counter(
     "cronscale_runs_skipped_total", "Slots recorded SKIPPED instead of running.", ["reason"]
 )
+RUNS_RETRIED = Counter(
+    "cronscale_runs_retried_total",
+    "Failed, timed-out or lost attempts given a next attempt (scheduler.retries).",
+    ["reason"],
+)
+RUNS_DEAD_LETTERED = Counter(
+    "cronscale_runs_dead_lettered_total",
+    "Runs dead-lettered after their last attempt; minus redriven, the DLQ's growth.",
+    ["tier"],
+)
+DEAD_LETTERS_REDRIVEN = Counter(
+    "cronscale_dead_letters_redriven_total", "Dead letters re-driven by operators."
+)
+RUNS_LOST = Counter(
+    "cronscale_runs_lost_total",
+    "Attempts whose lease came due while they were not started or stopped heartbeating.",
+    ["state"],
+)
 OWNED_SHARDS = Gauge("cronscale_owned_shards", "Shards this dispatcher owns.")
 TIMERS_PENDING = Gauge(
     "cronscale_timers_pending",

@@ -50,6 +50,7 @@ class RunStatus(enum.StrEnum):
     SKIPPED = "SKIPPED"
     DEAD_LETTERED = "DEAD_LETTERED"
     CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
 
 
 class SpecKind(enum.StrEnum):
@@ -100,6 +101,39 @@ STALE_RUN = timedelta(minutes=2)
 
 
 @dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How failed attempts are retried (``scheduler.retries``); stored inside the policies."""
+
+    max_attempts: int = 3
+    initial_backoff: timedelta = timedelta(seconds=10)
+    multiplier: float = 2.0
+    max_backoff: timedelta = timedelta(minutes=10)
+    # The share of each backoff drawn at random: 1.0 is "full jitter".
+    jitter: float = 1.0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "max_attempts": self.max_attempts,
+            "initial_ms": int(self.initial_backoff.total_seconds() * 1000),
+            "multiplier": self.multiplier,
+            "max_ms": int(self.max_backoff.total_seconds() * 1000),
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any] | None) -> RetryPolicy:
+        if not doc:
+            return cls()
+        return cls(
+            max_attempts=int(doc["max_attempts"]),
+            initial_backoff=timedelta(milliseconds=doc["initial_ms"]),
+            multiplier=float(doc["multiplier"]),
+            max_backoff=timedelta(milliseconds=doc["max_ms"]),
+            jitter=float(doc["jitter"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class SchedulePolicies:
     """Execution policies, stored as a versioned JSON document in ``schedules.policies``."""
 
@@ -107,6 +141,7 @@ class SchedulePolicies:
     misfire: MisfireMode = MisfireMode.FIRE_ONCE
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     max_catch_up: int = DEFAULT_MAX_CATCH_UP
+    retry: RetryPolicy = RetryPolicy()
 
     def to_json(self) -> str:
         return json.dumps(
@@ -116,6 +151,7 @@ class SchedulePolicies:
                 "misfire": self.misfire.value,
                 "catch_up_ms": int(self.catch_up_window.total_seconds() * 1000),
                 "max_catch_up": self.max_catch_up,
+                "retry": self.retry.to_doc(),
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -137,6 +173,8 @@ class SchedulePolicies:
             misfire=MisfireMode(doc.get("misfire", "FIRE_ONCE")),
             catch_up_window=timedelta(milliseconds=doc.get("catch_up_ms", 3_600_000)),
             max_catch_up=int(doc.get("max_catch_up", DEFAULT_MAX_CATCH_UP)),
+            # Stored before version 7 without one: the defaults.
+            retry=RetryPolicy.from_doc(doc.get("retry")),
         )
 
 
@@ -394,6 +432,10 @@ class Run:
     skip_reason: str = ""
     origin_run_id: str = ""
     backfill_id: str = ""
+    # A failed attempt that will be retried: when the next one is due.
+    next_attempt_time: datetime | None = None
+    # The worker's last sign of life for a RUNNING run.
+    heartbeat_time: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Run:
@@ -414,6 +456,8 @@ class Run:
             skip_reason=row.skip_reason or "",
             origin_run_id=getattr(row, "origin_run_id", None) or "",
             backfill_id=getattr(row, "backfill_id", None) or "",
+            next_attempt_time=aware(getattr(row, "next_attempt_time", None)),
+            heartbeat_time=aware(getattr(row, "heartbeat_time", None)),
         )
 
 
@@ -557,3 +601,9 @@ class RunEventRecord:
     follow_up: FollowUp = FollowUp.UNKNOWN
     # An outcome that also stands for the start (the worker merged both events).
     start_time: datetime | None = None
+    # A failure the handler declared hopeless (dead-lettered at once), or one whose handler
+    # asked for its next attempt after this delay.
+    non_retryable: bool = False
+    retry_after: timedelta | None = None
+    # Echoed from the run message: when the attempt's lease timer is due (None: no lease).
+    lease_expire_time: datetime | None = None

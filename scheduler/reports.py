@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import Write
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
-from scheduler.model import STALE_RUN, FollowUp, RunEventRecord, RunStatus, run_id_for
-from scheduler.timers import RunTimer
+from scheduler.model import (
+    STALE_RUN,
+    FollowUp,
+    RunEventRecord,
+    RunStatus,
+    Schedule,
+    run_id_for,
+)
+from scheduler.retries import FAILURES, Failures
+from scheduler.timers import LeaseTimer, RunTimer
 
 logger = logging.getLogger(__name__)
 
-_TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+_TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT)
 
 
 def dependent_run_id(downstream_id: str, upstream_run_id: str, scheduled_for: datetime) -> str:
@@ -40,27 +48,57 @@ class RunReports:
         schedules: CassandraScheduleStore,
         runs: CassandraRunStore,
         timers: CassandraTimerStore,
+        failures: Failures,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._schedules = schedules
         self._runs = runs
         self._timers = timers
+        self._failures = failures
         self._clock = clock
 
     async def record(self, events: Sequence[RunEventRecord]) -> set[str]:
-        """Records ``events``; returns the run ids among heartbeats that should cancel."""
-        await self._runs.record_events(events, now=self._clock())
+        """Records ``events``; returns the run ids among heartbeats that should cancel.
+
+        An outcome settles its attempt's lease timer in the same grouped write, so a run that
+        finishes in time costs its dispatcher no read when the lease comes due."""
+        now = self._clock()
+        await self._runs.record_events(events, now=now, also=self._settle(events, now))
         # A run whose message said nothing follows its end (no dependents, no held-back run)
-        # costs no schedule read here.
+        # costs no schedule read here, unless it failed (its retry policy is on the schedule).
         finished = [e for e in events if e.status in _TERMINAL and e.follow_up is not FollowUp.NONE]
-        if finished:
-            await self._after_finish(finished)
+        failed = [e for e in events if e.status in FAILURES]
+        if finished or failed:
+            schedules = await self._schedules.get_many(
+                [e.schedule_id for e in (*finished, *failed)]
+            )
+            await self._failures.handle(failed, schedules)
+            if finished:
+                await self._after_finish(finished, schedules)
         beats = [e.run_id for e in events if e.status is None]
         return await self._runs.cancel_requested(beats) if beats else set()
 
-    async def _after_finish(self, finished: Sequence[RunEventRecord]) -> None:
+    def _settle(self, events: Sequence[RunEventRecord], now: datetime) -> list[Write]:
+        leases = [
+            LeaseTimer(
+                schedule_id=e.schedule_id,
+                run_id=e.run_id,
+                attempt=e.attempt,
+                scheduled_for=e.scheduled_for,
+                enqueued=e.enqueue_time,
+                fire_at=e.lease_expire_time,
+            ).to_timer(self._timers.shard_count)
+            for e in events
+            if e.status in _TERMINAL
+            and e.lease_expire_time is not None
+            and e.enqueue_time is not None
+        ]
+        return self._timers.settle_rows(leases, now=now) if leases else []
+
+    async def _after_finish(
+        self, finished: Sequence[RunEventRecord], schedules: Mapping[str, Schedule]
+    ) -> None:
         now = self._clock()
-        schedules = await self._schedules.get_many([e.schedule_id for e in finished])
         timers: list[RunTimer] = []
         for e in finished:
             s = schedules.get(e.schedule_id)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from bucketer.cassandra import CassandraTimerStore
 from scheduler.backfill import BackfillService
 from scheduler.cassandra import CassandraRequestStore, CassandraRunStore, CassandraScheduleStore
+from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.dependencies import DependencyGraph
 from scheduler.errors import (
     Aborted,
@@ -79,6 +80,7 @@ class ScheduleService:
         self._timers = timers
         self._clock = clock
         self.requests = CassandraRequestStore(runs.session, schedules)
+        self.dead_letters = CassandraDeadLetterStore(runs.session, keyspace=schedules.q.keyspace)
         self.dependencies = DependencyGraph(schedules, runs.session)
         self.backfills = BackfillService(
             schedules=schedules, session=runs.session, timers=timers, clock=clock

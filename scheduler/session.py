@@ -14,6 +14,7 @@ from bucketer.clock import ClockGuard
 from bucketer.cql import aexecute, connect, first
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
+from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.errors import FailedPrecondition
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Stores:
     timers: CassandraTimerStore
     schedules: CassandraScheduleStore
     runs: CassandraRunStore
+    dead_letters: CassandraDeadLetterStore
 
     def close(self) -> None:
         self.session.cluster.shutdown()
@@ -79,6 +81,7 @@ async def open_stores(config: Config) -> Stores:
         ),
         schedules=schedules,
         runs=CassandraRunStore(session, schedules),
+        dead_letters=CassandraDeadLetterStore(session, keyspace=config.keyspace),
     )
 
 

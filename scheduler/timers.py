@@ -11,7 +11,7 @@ slots its concurrency allows (``scheduler.backfill``) and puts it again a moment
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from scheduler.model import UnsupportedVersion
 FIRE = "fire"
 RUN = "run"
 BACKFILL = "backfill"
+LEASE = "lease"
 _VERSION = 1
 
 
@@ -75,6 +76,8 @@ class RunTimer:
     manual: bool = False
     origin_run_id: str = ""
     backfill_id: str = ""
+    # Above 1: a retry of the run (scheduler.retries).
+    attempt: int = 1
 
     def to_timer(self, shard_count: int) -> Timer:
         doc: dict[str, Any] = {
@@ -87,8 +90,12 @@ class RunTimer:
             doc["origin"] = self.origin_run_id
         if self.backfill_id:
             doc["backfill"] = self.backfill_id
-        # The run id is the timer id: putting the same run twice is one timer.
-        return _timer(RUN, self.schedule_id, self.run_id, self.fire_at, doc, shard_count)
+        timer_id = self.run_id
+        if self.attempt > 1:
+            doc["attempt"] = self.attempt
+            timer_id = f"{self.run_id}#{self.attempt}"
+        # The run id (and attempt) is the timer id: putting the same run twice is one timer.
+        return _timer(RUN, self.schedule_id, timer_id, self.fire_at, doc, shard_count)
 
     @classmethod
     def from_timer(cls, timer: Timer) -> RunTimer:
@@ -101,6 +108,55 @@ class RunTimer:
             manual=bool(doc.get("manual", False)),
             origin_run_id=doc.get("origin", ""),
             backfill_id=doc.get("backfill", ""),
+            attempt=int(doc.get("attempt", 1)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseTimer:
+    """The lease of one enqueued attempt: due ``fire_at``, when the attempt should have
+    finished or at least still be heartbeating (scheduler.retries).
+
+    Written with the run's first message, at the enqueue instant as its write timestamp; the
+    API settles it (``CassandraTimerStore.settle_rows``) when the attempt's outcome arrives, so
+    a run that finishes in time costs no read when its lease comes due.
+    """
+
+    schedule_id: str
+    run_id: str
+    attempt: int
+    scheduled_for: datetime
+    enqueued: datetime
+    fire_at: datetime
+
+    def to_timer(self, shard_count: int) -> Timer:
+        doc = {
+            "v": _VERSION,
+            "run": self.run_id,
+            "attempt": self.attempt,
+            "at_us": micros(self.scheduled_for),
+            "enq_us": micros(self.enqueued),
+        }
+        t = _timer(
+            LEASE,
+            self.schedule_id,
+            f"{self.run_id}#lease{self.attempt}",
+            self.fire_at,
+            doc,
+            shard_count,
+        )
+        return replace(t, stamp=micros(self.enqueued))
+
+    @classmethod
+    def from_timer(cls, timer: Timer) -> LeaseTimer:
+        doc = _load(timer)
+        return cls(
+            schedule_id=timer.key,
+            run_id=doc["run"],
+            attempt=int(doc["attempt"]),
+            scheduled_for=from_micros(doc["at_us"]),
+            enqueued=from_micros(doc["enq_us"]),
+            fire_at=timer.fire_time,
         )
 
 

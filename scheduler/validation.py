@@ -6,10 +6,12 @@ before anything is written.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 from scheduler.errors import InvalidArgument
 from scheduler.model import (
+    RetryPolicy,
     Schedule,
     SchedulePolicies,
     ScheduleSpec,
@@ -29,6 +31,11 @@ MAX_CRON_CHARS = 256
 MAX_CATCH_UP_WINDOW = timedelta(days=366)
 MAX_CATCH_UP_RUNS = 10_000
 MAX_RUNTIME = timedelta(days=7)
+# Retry policies (docs/concepts/delivery.md, "Retries").
+MAX_ATTEMPTS = 100
+MIN_BACKOFF = timedelta(milliseconds=100)
+MAX_BACKOFF = timedelta(days=7)
+MAX_MULTIPLIER = 10.0
 # Instants a spec may name (start, end, one-shot): far enough for any real plan.
 LAST_INSTANT = datetime(2200, 1, 1, tzinfo=UTC)
 
@@ -145,6 +152,39 @@ def validate_policies(p: SchedulePolicies, *, field: str = "schedule.policies") 
         raise InvalidArgument(
             f"{field}.max_catch_up", f"{p.max_catch_up} is above the limit {MAX_CATCH_UP_RUNS}"
         )
+    validate_retry(p.retry, field=f"{field}.retry")
+
+
+def validate_retry(r: RetryPolicy, *, field: str) -> None:
+    """Checks a retry policy's numbers against the documented limits."""
+    if not 1 <= r.max_attempts <= MAX_ATTEMPTS:
+        raise InvalidArgument(
+            f"{field}.max_attempts", f"must be between 1 and {MAX_ATTEMPTS}, got {r.max_attempts}"
+        )
+    if not MIN_BACKOFF <= r.initial_backoff <= MAX_BACKOFF:
+        raise InvalidArgument(
+            f"{field}.initial_backoff",
+            f"must be between {_fmt(MIN_BACKOFF)} and {_fmt(MAX_BACKOFF)}, "
+            f"got {_fmt(r.initial_backoff)}",
+        )
+    if not MIN_BACKOFF <= r.max_backoff <= MAX_BACKOFF:
+        raise InvalidArgument(
+            f"{field}.max_backoff",
+            f"must be between {_fmt(MIN_BACKOFF)} and {_fmt(MAX_BACKOFF)}, "
+            f"got {_fmt(r.max_backoff)}",
+        )
+    if r.max_backoff < r.initial_backoff:
+        raise InvalidArgument(
+            f"{field}.max_backoff",
+            f"{_fmt(r.max_backoff)} is shorter than initial_backoff {_fmt(r.initial_backoff)}",
+        )
+    if not (math.isfinite(r.multiplier) and 1.0 <= r.multiplier <= MAX_MULTIPLIER):
+        raise InvalidArgument(
+            f"{field}.backoff_multiplier",
+            f"must be between 1.0 and {MAX_MULTIPLIER:g}, got {r.multiplier:g}",
+        )
+    if not (math.isfinite(r.jitter) and 0.0 <= r.jitter <= 1.0):
+        raise InvalidArgument(f"{field}.jitter", f"must be between 0.0 and 1.0, got {r.jitter:g}")
 
 
 def validate_schedule(s: Schedule, now: datetime) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.config import HttpAllow, IPAddress
-from worker.errors import HandlerFailed
+from worker.errors import HandlerFailed, NonRetryable
 from worker.handlers import HandlerContext, HandlerRegistry, default_registry
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ async def sleep(ctx: HandlerContext) -> None:
     """Sleeps ``{"seconds": 1.5}`` (default 1) seconds; for tests and load tests."""
     seconds = _object(ctx, "sleep").get("seconds", 1.0)
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        raise HandlerFailed(f"sleep: 'seconds' must be a non-negative number, got {seconds!r}")
+        raise NonRetryable(f"sleep: 'seconds' must be a non-negative number, got {seconds!r}")
     await asyncio.sleep(seconds)
 
 
@@ -165,10 +165,10 @@ async def http(ctx: HandlerContext) -> dict[str, Any]:
     target = _parse_url(doc.get("url"))
     headers = doc.get("headers") or {}
     if not isinstance(headers, dict):
-        raise HandlerFailed(f"http: 'headers' must be an object, got {type(headers).__name__}")
+        raise NonRetryable(f"http: 'headers' must be an object, got {type(headers).__name__}")
     timeout = doc.get("timeout", HTTP_DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise HandlerFailed(f"http: 'timeout' must be a positive number, got {timeout!r}")
+        raise NonRetryable(f"http: 'timeout' must be a positive number, got {timeout!r}")
     body = json.dumps(doc["body"]).encode() if "body" in doc else b""
     all_headers = {"Content-Type": "application/json", "User-Agent": "cronscale-worker"}
     if target.authorization is not None:
@@ -176,11 +176,11 @@ async def http(ctx: HandlerContext) -> dict[str, Any]:
     for key, value in headers.items():
         name, text = str(key), str(value)
         if not _HEADER_NAME.match(name):
-            raise HandlerFailed(f"http: 'headers' has an invalid header name {name[:100]!r}")
+            raise NonRetryable(f"http: 'headers' has an invalid header name {name[:100]!r}")
         if name.lower() in HTTP_RESERVED_HEADERS:
-            raise HandlerFailed(f"http: 'headers' must not set {name} (it comes from the request)")
+            raise NonRetryable(f"http: 'headers' must not set {name} (it comes from the request)")
         if _HEADER_VALUE_FORBIDDEN.search(text):
-            raise HandlerFailed(f"http: 'headers' value of {name} contains a line break or NUL")
+            raise NonRetryable(f"http: 'headers' value of {name} contains a line break or NUL")
         for existing in [k for k in all_headers if k.lower() == name.lower()]:
             del all_headers[existing]
         all_headers[name] = text
@@ -193,30 +193,34 @@ async def http(ctx: HandlerContext) -> dict[str, Any]:
     logger.debug("http: POST %s answered %d", target.shown, status, extra=_ids(ctx))
     if 300 <= status < 400:
         where = f" to {redact_url(location)}" if location else ""
-        raise HandlerFailed(
+        raise NonRetryable(
             f"POST {target.shown} answered {status}: a redirect{where}, which is not followed"
         )
     if not 200 <= status < 300:
-        raise HandlerFailed(f"POST {target.shown} answered {status}: {text}")
+        # A client error other than a timeout or a rate limit will not change on a retry.
+        hopeless = 400 <= status < 500 and status not in (408, 425, 429)
+        raise (NonRetryable if hopeless else HandlerFailed)(
+            f"POST {target.shown} answered {status}: {text}"
+        )
     return {"status": status, "body": text}
 
 
 def _parse_url(url: object) -> _Target:
     if not isinstance(url, str):
-        raise HandlerFailed(f"http: 'url' must be an http(s) URL, got {type(url).__name__}")
+        raise NonRetryable(f"http: 'url' must be an http(s) URL, got {type(url).__name__}")
     shown = redact_url(url)
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as e:
         # The message names the problem (e.g. the port), never the URL itself.
-        raise HandlerFailed(f"http: 'url' {shown} is not a valid URL: {e}") from None
+        raise NonRetryable(f"http: 'url' {shown} is not a valid URL: {e}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise HandlerFailed(f"http: 'url' must be an http(s) URL, got scheme {parts.scheme[:20]!r}")
+        raise NonRetryable(f"http: 'url' must be an http(s) URL, got scheme {parts.scheme[:20]!r}")
     raw_host = parts.hostname
     if not raw_host:
-        raise HandlerFailed(f"http: 'url' {shown} has no host")
+        raise NonRetryable(f"http: 'url' {shown} has no host")
     try:
         ipaddress.ip_address(raw_host)
         host = raw_host
@@ -224,12 +228,12 @@ def _parse_url(url: object) -> _Target:
         try:
             host = raw_host.encode("idna").decode("ascii")
         except UnicodeError:
-            raise HandlerFailed(f"http: 'url' {shown} has an invalid host name") from None
+            raise NonRetryable(f"http: 'url' {shown} has an invalid host name") from None
     request_target = parts.path or "/"
     if parts.query:
         request_target += f"?{parts.query}"
     if any(c in request_target for c in " \r\n\x00"):
-        raise HandlerFailed(f"http: 'url' {shown} contains a blank or a control character")
+        raise NonRetryable(f"http: 'url' {shown} contains a blank or a control character")
     authorization = None
     if parts.username is not None:
         user = urllib.parse.unquote(parts.username)
@@ -263,7 +267,7 @@ def _resolve(target: _Target, allow: HttpAllow) -> list[tuple[socket.AddressFami
     try:
         infos = _getaddrinfo(target.host, target.port)
     except (OSError, UnicodeError) as e:
-        raise HandlerFailed(f"http: 'url' host {target.host} does not resolve: {e}") from None
+        raise NonRetryable(f"http: 'url' host {target.host} does not resolve: {e}") from None
     by_name = allow.allows_host(target.host)
     usable: list[tuple[socket.AddressFamily, _SockAddr]] = []
     refused: list[str] = []
@@ -278,8 +282,8 @@ def _resolve(target: _Target, allow: HttpAllow) -> list[tuple[socket.AddressFami
             refused.append(f"{address} ({reason})")
     if not usable:
         if not refused:
-            raise HandlerFailed(f"http: 'url' host {target.host} has no IP address")
-        raise HandlerFailed(
+            raise NonRetryable(f"http: 'url' host {target.host} has no IP address")
+        raise NonRetryable(
             f"http: 'url' {target.shown} is refused: its host resolves to "
             f"{', '.join(refused[:4])}, and only public addresses are reachable unless the "
             "worker's operator allows more (CRONSCALE_HTTP_ALLOW or --http-allow)"
@@ -368,11 +372,11 @@ def _object(ctx: HandlerContext, name: str) -> dict[str, Any]:
     try:
         doc = ctx.json()
     except ValueError as e:
-        raise HandlerFailed(f"{name}: the payload is not JSON: {e}") from e
+        raise NonRetryable(f"{name}: the payload is not JSON: {e}") from e
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise HandlerFailed(f"{name}: the payload must be a JSON object, got {type(doc).__name__}")
+        raise NonRetryable(f"{name}: the payload must be a JSON object, got {type(doc).__name__}")
     return doc
 
 

@@ -60,3 +60,18 @@ class ReportRejected(WorkerError):
 
 class ConfigError(WorkerError):
     """An environment variable or command-line option has an unusable value."""
+
+
+class NonRetryable(HandlerFailed):
+    """Raised by a handler whose failure retrying cannot cure (a malformed payload, a record
+    that no longer exists): the run is dead-lettered now, its remaining attempts unused."""
+
+
+class RetryAfter(HandlerFailed):
+    """Raised by a handler that knows when to try again (a rate limit's Retry-After): the next
+    attempt is due ``seconds`` from now instead of after the retry policy's backoff (still
+    within its max backoff and max attempts)."""
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        super().__init__(message or f"retry after {seconds:g} s")
+        self.seconds = seconds

@@ -35,6 +35,8 @@ class RunTask:
     max_runtime: float | None
     # RunMessage.follow_up, echoed in the run's events (0: not known).
     follow_up: run_message_pb2.FollowUp.ValueType = run_message_pb2.FOLLOW_UP_UNSPECIFIED
+    # RunMessage.lease_expire_time, echoed in the run's terminal event (None: not set).
+    lease_expire_time: datetime | None = None
     schema_version: int = SCHEMA_VERSION
 
 
@@ -83,6 +85,9 @@ def _to_task(msg: run_message_pb2.RunMessage) -> RunTask:
         manual=msg.manual,
         max_runtime=max_runtime if max_runtime > 0 else None,
         follow_up=msg.follow_up,
+        lease_expire_time=msg.lease_expire_time.ToDatetime(tzinfo=UTC)
+        if msg.HasField("lease_expire_time")
+        else None,
         # 0 is proto3's "unset": a producer that predates versioning wrote the first layout.
         schema_version=msg.schema_version or SCHEMA_VERSION,
     )
@@ -104,6 +109,8 @@ def encode_run_message(task: RunTask) -> bytes:
     msg.scheduled_for.FromDatetime(task.scheduled_for)
     if task.enqueue_time is not None:
         msg.enqueue_time.FromDatetime(task.enqueue_time)
+    if task.lease_expire_time is not None:
+        msg.lease_expire_time.FromDatetime(task.lease_expire_time)
     if task.max_runtime:
         msg.max_runtime.FromNanoseconds(round(task.max_runtime * 1e9))
     return msg.SerializeToString()

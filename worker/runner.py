@@ -11,12 +11,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from cronscale.v1 import run_reporting_service_pb2 as pb
 from worker import metrics
-from worker.errors import UnknownHandler
+from worker.errors import NonRetryable, RetryAfter, UnknownHandler
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.messages import RunTask
 
@@ -69,6 +69,10 @@ class _RunState:
         self.last_heartbeat = float("-inf")
         # loop.time() when the handler started.
         self.started = 0.0
+        # How the handler failed, beyond its error text: past its timeout, or raising one of
+        # the retry-steering errors (worker.errors.NonRetryable, RetryAfter).
+        self.timed_out = False
+        self.raised: BaseException | None = None
 
     def request_cancel(self) -> None:
         self.cancel_requested = True
@@ -172,8 +176,11 @@ class Runner:
             if outcome.succeeded
             else pb.RUN_EVENT_KIND_CANCELLED
             if cancelled
+            else pb.RUN_EVENT_KIND_TIMED_OUT
+            if state.timed_out
             else pb.RUN_EVENT_KIND_FAILED,
             error=error[:MAX_ERROR_CHARS],
+            raised=state.raised,
         )
         if cancelled:
             logger.info(
@@ -257,6 +264,7 @@ class Runner:
                         extra=ids,
                     )
         if not done:
+            state.timed_out = True
             return f"timed out after {timeout:g} s"
         if handler_task.cancelled() or not handler_task.done():
             if state.cancel_requested:
@@ -265,6 +273,7 @@ class Runner:
         e = handler_task.exception()
         if e is not None:
             logger.debug("handler %s raised", task.handler, exc_info=e, extra=ids)
+            state.raised = e
             return f"{type(e).__name__}: {e}"
         return ""
 
@@ -326,6 +335,7 @@ class Runner:
         *,
         error: str = "",
         at: datetime | None = None,
+        raised: BaseException | None = None,
     ) -> pb.RunEventAck:
         event = pb.RunEvent(
             kind=kind,
@@ -336,10 +346,17 @@ class Runner:
             error=error,
             follow_up=task.follow_up,
         )
+        if kind == pb.RUN_EVENT_KIND_FAILED:
+            # The handler steers its retries: none left, or its own wait.
+            event.non_retryable = isinstance(raised, NonRetryable)
+            if isinstance(raised, RetryAfter):
+                event.retry_after.FromTimedelta(timedelta(seconds=max(raised.seconds, 0.0)))
         event.scheduled_for.FromDatetime(task.scheduled_for)
         event.event_time.FromDatetime(at or datetime.now(UTC))
         if task.enqueue_time is not None:
             event.enqueue_time.FromDatetime(task.enqueue_time)
+        if task.lease_expire_time is not None:
+            event.lease_expire_time.FromDatetime(task.lease_expire_time)
         return await self._reporter.report(event)
 
 

@@ -17,6 +17,7 @@ from scheduler.model import (
     FollowUp,
     MisfireMode,
     OverlapMode,
+    RetryPolicy,
     Run,
     RunEventRecord,
     RunStatus,
@@ -42,6 +43,7 @@ _STATUS = {
     RunStatus.SKIPPED: schedule_pb2.RUN_STATUS_SKIPPED,
     RunStatus.DEAD_LETTERED: schedule_pb2.RUN_STATUS_DEAD_LETTERED,
     RunStatus.CANCELLED: schedule_pb2.RUN_STATUS_CANCELLED,
+    RunStatus.TIMED_OUT: schedule_pb2.RUN_STATUS_TIMED_OUT,
 }
 _EVENT_STATUS: dict[int, RunStatus | None] = {
     rr_pb2.RUN_EVENT_KIND_STARTED: RunStatus.RUNNING,
@@ -49,8 +51,9 @@ _EVENT_STATUS: dict[int, RunStatus | None] = {
     rr_pb2.RUN_EVENT_KIND_SUCCEEDED: RunStatus.SUCCEEDED,
     rr_pb2.RUN_EVENT_KIND_FAILED: RunStatus.FAILED,
     rr_pb2.RUN_EVENT_KIND_CANCELLED: RunStatus.CANCELLED,
+    rr_pb2.RUN_EVENT_KIND_TIMED_OUT: RunStatus.TIMED_OUT,
 }
-_OUTCOMES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+_OUTCOMES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT)
 # Run rows order their status cells by attempt (scheduler.cassandra.run_cell_time).
 MAX_ATTEMPT = 1_000_000
 
@@ -136,7 +139,36 @@ def policies_from_proto(
             else DEFAULT_CATCH_UP_WINDOW
         ),
         max_catch_up=msg.max_catch_up or DEFAULT_MAX_CATCH_UP,
+        retry=retry_from_proto(msg.retry) if msg.HasField("retry") else RetryPolicy(),
     )
+
+
+def retry_from_proto(msg: schedule_pb2.RetryPolicy) -> RetryPolicy:
+    """A retry policy; zero fields take the defaults (``validate_policies`` checks ranges)."""
+    d = RetryPolicy()
+    return RetryPolicy(
+        max_attempts=msg.max_attempts or d.max_attempts,
+        initial_backoff=(
+            msg.initial_backoff.ToTimedelta()
+            if msg.HasField("initial_backoff")
+            else d.initial_backoff
+        ),
+        multiplier=msg.backoff_multiplier or d.multiplier,
+        max_backoff=msg.max_backoff.ToTimedelta() if msg.HasField("max_backoff") else d.max_backoff,
+        jitter=0.0 if msg.no_jitter else (msg.jitter or d.jitter),
+    )
+
+
+def retry_to_proto(p: RetryPolicy) -> schedule_pb2.RetryPolicy:
+    out = schedule_pb2.RetryPolicy(
+        max_attempts=p.max_attempts,
+        backoff_multiplier=p.multiplier,
+        jitter=p.jitter,
+        no_jitter=p.jitter == 0.0,
+    )
+    out.initial_backoff.FromTimedelta(p.initial_backoff)
+    out.max_backoff.FromTimedelta(p.max_backoff)
+    return out
 
 
 def policies_to_proto(p: SchedulePolicies) -> schedule_pb2.SchedulePolicies:
@@ -147,6 +179,7 @@ def policies_to_proto(p: SchedulePolicies) -> schedule_pb2.SchedulePolicies:
         max_catch_up=p.max_catch_up,
     )
     out.catch_up_window.FromTimedelta(p.catch_up_window)
+    out.retry.CopyFrom(retry_to_proto(p.retry))
     return out
 
 
@@ -339,6 +372,7 @@ def run_to_proto(r: Run) -> schedule_pb2.Run:
         tenant=r.tenant,
         origin_run_id=r.origin_run_id,
         backfill_id=r.backfill_id,
+        next_attempt_time=ts(r.next_attempt_time),
     )
 
 
@@ -356,7 +390,16 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
     if not 0 <= e.attempt <= MAX_ATTEMPT:
         raise InvalidArgument(f"{where}.attempt", f"must be between 1 and {MAX_ATTEMPT}")
     if e.HasField("start_time") and _EVENT_STATUS[e.kind] not in _OUTCOMES:
-        raise InvalidArgument(f"{where}.start_time", "is only for SUCCEEDED, FAILED or CANCELLED")
+        raise InvalidArgument(f"{where}.start_time", "is only for a run's outcome")
+    status = _EVENT_STATUS[e.kind]
+    if (e.non_retryable or e.HasField("retry_after")) and status is not RunStatus.FAILED:
+        raise InvalidArgument(
+            f"{where}.non_retryable" if e.non_retryable else f"{where}.retry_after",
+            "is only for a FAILED event",
+        )
+    retry_after = e.retry_after.ToTimedelta() if e.HasField("retry_after") else None
+    if retry_after is not None and retry_after < timedelta(0):
+        raise InvalidArgument(f"{where}.retry_after", "must not be negative")
     return RunEventRecord(
         run_id=e.run_id,
         schedule_id=e.schedule_id,
@@ -369,6 +412,11 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
         enqueue_time=from_ts(e.enqueue_time) if e.HasField("enqueue_time") else None,
         follow_up=_FOLLOW_UP.get(e.follow_up, FollowUp.UNKNOWN),
         start_time=from_ts(e.start_time) if e.HasField("start_time") else None,
+        non_retryable=e.non_retryable,
+        retry_after=retry_after,
+        lease_expire_time=(
+            from_ts(e.lease_expire_time) if e.HasField("lease_expire_time") else None
+        ),
     )
 
 

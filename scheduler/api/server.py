@@ -11,16 +11,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronscale.v1 import (
+    dead_letter_service_pb2,
+    dead_letter_service_pb2_grpc,
     run_reporting_service_pb2,
     run_reporting_service_pb2_grpc,
     scheduler_service_pb2,
     scheduler_service_pb2_grpc,
 )
 from scheduler import metrics
+from scheduler.api.dead_letters import DeadLetterServicer
 from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
 from scheduler.config import Config
 from scheduler.reports import RunReports
+from scheduler.retries import failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
 
@@ -29,6 +33,7 @@ logger = logging.getLogger(__name__)
 SERVICE_NAMES = (
     scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
     run_reporting_service_pb2.DESCRIPTOR.services_by_name["RunReportingService"].full_name,
+    dead_letter_service_pb2.DESCRIPTOR.services_by_name["DeadLetterService"].full_name,
 )
 
 
@@ -47,8 +52,13 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(service), server
         )
+        dead_letter_service_pb2_grpc.add_DeadLetterServiceServicer_to_server(
+            DeadLetterServicer(service), server
+        )
+        failures = failures_of(stores, config)
+        reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
         run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
-            RunReportingServicer(RunReports(schedules=schedules, runs=runs, timers=timers)), server
+            RunReportingServicer(reports), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -83,6 +93,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         watch.cancel()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
+        await failures.stop()
     finally:
         stores.close()
         logger.info("api stopped")

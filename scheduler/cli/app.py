@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from scheduler.cli import backfills, lifecycle, processes, schedules
+from scheduler.cli import backfills, dead_letters, lifecycle, processes, schedules
 from scheduler.cli import preview as preview_cmd
 from scheduler.cli.build import (
     MISFIRES,
@@ -374,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # backfill ...
     backfills.add_backfill_commands(commands, [api], _parser, _rpc)
+
+    # dlq ...
+    dead_letters.add_commands(commands, [api], _parser, _rpc, _add_page_options)
 
     # local ..., db ...
     local = _parser(commands, "local", "the local Cassandra + Kafka for development")

@@ -164,16 +164,26 @@ class PolicyOptions:
     misfire: str | None = None
     catch_up_window: timedelta | None = None
     max_catch_up: int | None = None
+    max_attempts: int | None = None
+    initial_backoff: timedelta | None = None
+    backoff_multiplier: float | None = None
+    max_backoff: timedelta | None = None
+    jitter: float | None = None
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> PolicyOptions:
         """From a namespace with (some of) ``--overlap --misfire --catch-up-window
-        --max-catch-up``."""
+        --max-catch-up`` and the retry options."""
         return cls(
             overlap=getattr(ns, "overlap", None),
             misfire=getattr(ns, "misfire", None),
             catch_up_window=getattr(ns, "catch_up_window", None),
             max_catch_up=getattr(ns, "max_catch_up", None),
+            max_attempts=getattr(ns, "max_attempts", None),
+            initial_backoff=getattr(ns, "initial_backoff", None),
+            backoff_multiplier=getattr(ns, "backoff_multiplier", None),
+            max_backoff=getattr(ns, "max_backoff", None),
+            jitter=getattr(ns, "jitter_share", None),
         )
 
     def apply(self, policies: schedule_pb2.SchedulePolicies) -> None:
@@ -186,6 +196,18 @@ class PolicyOptions:
             policies.catch_up_window.FromTimedelta(self.catch_up_window)
         if self.max_catch_up is not None:
             policies.max_catch_up = self.max_catch_up
+        retry = policies.retry
+        if self.max_attempts is not None:
+            retry.max_attempts = self.max_attempts
+        if self.initial_backoff is not None:
+            retry.initial_backoff.FromTimedelta(self.initial_backoff)
+        if self.backoff_multiplier is not None:
+            retry.backoff_multiplier = self.backoff_multiplier
+        if self.max_backoff is not None:
+            retry.max_backoff.FromTimedelta(self.max_backoff)
+        if self.jitter is not None:
+            retry.jitter = self.jitter
+            retry.no_jitter = self.jitter == 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from cronscale.v1 import scheduler_service_pb2_grpc
+from cronscale.v1 import dead_letter_service_pb2_grpc, scheduler_service_pb2_grpc
 
 DEFAULT_API = "127.0.0.1:50051"
 
@@ -25,6 +25,13 @@ async def scheduler_stub(target: str) -> AsyncIterator[Any]:
     """A ``SchedulerService`` stub on a fresh insecure channel to ``target``, closed on exit."""
     async with grpc.aio.insecure_channel(target) as channel:
         yield scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+
+
+@asynccontextmanager
+async def dead_letter_stub(target: str) -> AsyncIterator[Any]:
+    """A ``DeadLetterService`` stub on a fresh insecure channel to ``target``, closed on exit."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        yield dead_letter_service_pb2_grpc.DeadLetterServiceStub(channel)
 
 
 def describe_rpc_error(error: grpc.aio.AioRpcError, target: str) -> str:

@@ -260,6 +260,16 @@ def _spec_policy_rows(schedule: schedule_pb2.Schedule) -> list[tuple[str, str]]:
                 f"at most {p.max_catch_up})",
             )
         )
+        if p.HasField("retry"):
+            r = p.retry
+            rows.append(
+                (
+                    "retry",
+                    f"{r.max_attempts} attempts, backoff {format_duration(r.initial_backoff)} "
+                    f"x{r.backoff_multiplier:g} up to {format_duration(r.max_backoff)}, "
+                    f"jitter {0 if r.no_jitter else r.jitter:g}",
+                )
+            )
     return rows
 
 
@@ -282,6 +292,8 @@ def format_run(run: schedule_pb2.Run) -> str:
     ]
     if run.error:
         rows.append(("error", run.error))
+    if run.HasField("next_attempt_time"):
+        rows.append(("next_attempt_time", format_time(run.next_attempt_time)))
     if run.skip_reason:
         rows.append(("skip_reason", run.skip_reason))
     return _key_values(rows)

@@ -65,7 +65,7 @@ def add_spec_options(p: argparse.ArgumentParser, *, max_runs: bool = True) -> No
 
 
 def add_policy_options(p: argparse.ArgumentParser) -> None:
-    """``--overlap --misfire --catch-up-window --max-catch-up``."""
+    """``--overlap --misfire --catch-up-window --max-catch-up`` and the retry policy."""
     p.add_argument(
         "--overlap",
         metavar="|".join(OVERLAPS),
@@ -91,6 +91,37 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         type=int,
         help="FIRE_ALL runs at most N missed slots (default 100)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        metavar="N",
+        type=int,
+        help="attempts in all before a failing run is dead-lettered; 1 never retries (default 3)",
+    )
+    p.add_argument(
+        "--initial-backoff",
+        metavar="DURATION",
+        type=parse_duration,
+        help="wait before the second attempt (default 10s)",
+    )
+    p.add_argument(
+        "--backoff-multiplier",
+        metavar="X",
+        type=float,
+        help="each further wait is the previous one times X (default 2)",
+    )
+    p.add_argument(
+        "--max-backoff",
+        metavar="DURATION",
+        type=parse_duration,
+        help="no wait is longer than this (default 10m)",
+    )
+    p.add_argument(
+        "--retry-jitter",
+        dest="jitter_share",
+        metavar="SHARE",
+        type=float,
+        help="share of each wait drawn at random, 0 to 1 (default 1: full jitter)",
     )
 
 

@@ -12,6 +12,7 @@ from scheduler import metrics
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.retries import failures_of
 from scheduler.session import measure_clock, open_stores
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,9 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
     try:
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         await ensure_topics(
-            config.kafka_bootstrap, [config.topic()], partitions=config.topic_partitions
+            config.kafka_bootstrap,
+            [config.topic(), config.dead_letter_topic()],
+            partitions=config.topic_partitions,
         )
         queue = KafkaRunQueue(config.kafka_bootstrap)
         await queue.start()
@@ -38,7 +41,10 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 timers=timers,
                 queue=queue,
                 topic=config.topic(),
+                failures=failures_of(stores, config, queue),
                 misfire_threshold=timedelta(seconds=config.misfire_threshold_s),
+                start_lease=timedelta(seconds=config.run_lease_s),
+                heartbeat_lease=timedelta(seconds=config.heartbeat_lease_s),
             )
             wheel = TimerWheel(
                 timers,

@@ -51,6 +51,9 @@ class Stack:
             "CRONSCALE_MISFIRE_THRESHOLD": "3",
             # Workers learn of a cancel at a run's heartbeat: cancel tests wait ~1 s, not 10.
             "CRONSCALE_WORKER_HEARTBEAT_INTERVAL": "1",
+            # Lost-run tests wait for a lease: seconds, not minutes (every run holds one).
+            "CRONSCALE_RUN_LEASE": "10",
+            "CRONSCALE_HEARTBEAT_LEASE": "5",
             "PYTHONPATH": str(REPO),
         }
         self.channel = grpc.insecure_channel(config.api_target)

@@ -26,6 +26,15 @@ async def sleep_cancellable(ctx: HandlerContext) -> None:
         raise
 
 
+@handler("e2e.fail_until")
+async def fail_until(ctx: HandlerContext) -> int:
+    """Fails every attempt before ``{"succeed_at": N}`` (by ``ctx.attempt``), then succeeds."""
+    doc = ctx.json() or {}
+    if ctx.attempt < int(doc.get("succeed_at", 2)):
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+    return ctx.attempt
+
+
 def _append(path: str, line: str) -> None:
     with open(path, "a") as f:
         f.write(line)

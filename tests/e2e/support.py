@@ -26,6 +26,8 @@ SUCCEEDED: Final[RunStatus] = schedule_pb2.RUN_STATUS_SUCCEEDED
 FAILED: Final[RunStatus] = schedule_pb2.RUN_STATUS_FAILED
 SKIPPED: Final[RunStatus] = schedule_pb2.RUN_STATUS_SKIPPED
 CANCELLED: Final[RunStatus] = schedule_pb2.RUN_STATUS_CANCELLED
+DEAD_LETTERED: Final[RunStatus] = schedule_pb2.RUN_STATUS_DEAD_LETTERED
+TIMED_OUT: Final[RunStatus] = schedule_pb2.RUN_STATUS_TIMED_OUT
 TERMINAL: Final[frozenset[RunStatus]] = frozenset({SUCCEEDED, FAILED})
 """The statuses of a run that ran its handler to the end, well or not."""
 

@@ -17,7 +17,7 @@ import pytest
 from cronscale.v1 import schedule_pb2
 from tests.e2e.conftest import Stack
 from tests.e2e.support import (
-    FAILED,
+    DEAD_LETTERED,
     LOGS,
     SUCCEEDED,
     create_schedule,
@@ -111,11 +111,11 @@ def _outcome(stack: Stack, schedule_id: str) -> schedule_pb2.Run:
     runs = wait_for_runs(
         stack,
         schedule_id,
-        lambda rs: any(r.status in (SUCCEEDED, FAILED) for r in rs),
+        lambda rs: any(r.status in (SUCCEEDED, DEAD_LETTERED) for r in rs),
         60,
         f"an outcome of {schedule_id}",
     )
-    return next(r for r in runs if r.status in (SUCCEEDED, FAILED))
+    return next(r for r in runs if r.status in (SUCCEEDED, DEAD_LETTERED))
 
 
 def test_http_reaches_only_allowed_targets_and_logs_no_secrets(
@@ -143,9 +143,10 @@ def test_http_reaches_only_allowed_targets_and_logs_no_secrets(
     statuses = {name: status_name(r.status) for name, r in runs.items()}
     assert statuses == {
         "allowed": "RUN_STATUS_SUCCEEDED",
-        "denied": "RUN_STATUS_FAILED",
-        "metadata": "RUN_STATUS_FAILED",
-        "redirect": "RUN_STATUS_FAILED",
+        # Refused targets are not retried: dead-lettered on the first attempt.
+        "denied": "RUN_STATUS_DEAD_LETTERED",
+        "metadata": "RUN_STATUS_DEAD_LETTERED",
+        "redirect": "RUN_STATUS_DEAD_LETTERED",
         "echo": "RUN_STATUS_SUCCEEDED",
     }, {name: r.error for name, r in runs.items()}
 

@@ -408,7 +408,9 @@ def test_cli_create_with_policies_and_resume_override(stack: Stack) -> None:
         "schedule", "create", "--name", sid, "--id", sid, "--handler", "echo",
         "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--jitter", "10m", "--max-runs", "5",
         "--dst-gap", "SKIP", "--overlap", "ALLOW", "--misfire", "FIRE_ALL",
-        "--catch-up-window", "30m", "--max-catch-up", "7", "--json", *api,
+        "--catch-up-window", "30m", "--max-catch-up", "7", "--max-attempts", "4",
+        "--initial-backoff", "5s", "--backoff-multiplier", "3", "--max-backoff", "2m",
+        "--retry-jitter", "0", "--json", *api,
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     data = json.loads(created.stdout)
@@ -419,6 +421,14 @@ def test_cli_create_with_policies_and_resume_override(stack: Stack) -> None:
         "misfire": "FIRE_ALL",
         "catch_up_window": "1800s",
         "max_catch_up": 7,
+        "retry": {
+            "max_attempts": 4,
+            "initial_backoff": "5s",
+            "backoff_multiplier": 3.0,
+            "max_backoff": "120s",
+            "jitter": 0.0,
+            "no_jitter": True,
+        },
     }
     assert stack.cli("schedule", "pause", sid, *api).returncode == 0
     resumed = stack.cli("schedule", "resume", sid, "--misfire", "SKIP", "--json", *api)

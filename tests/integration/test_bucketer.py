@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from cassandra.cluster import Session
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership
+from bucketer.cql import write_grouped
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, ShardLease, Timer
 from bucketer.scanner import OnDue, OnPoison, WheelScanner
@@ -484,3 +486,45 @@ async def test_a_member_paused_mid_batch_does_not_hand_its_halves_out(
     await scanner.read(datetime.now(UTC))
     await scanner.fire_due()
     assert len(calls) == 1, f"halves handed out after the lease lapsed: {calls[1:]}"
+
+
+async def test_a_settled_timer_never_fires_whichever_write_lands_first(
+    store: CassandraTimerStore,
+) -> None:
+    """Settling overwrites the timer's row in place at the timer's stamp + 1: a marker written
+    before the timer itself still wins, scanners skip it, and an unsettled one fires."""
+    shard = 7
+    lease = await _claim(store, shard, "settle-test")
+    now = datetime.now(UTC)
+    stamp = int(now.timestamp() * 1_000_000)
+
+    def timer(name: str) -> Timer:
+        return Timer(
+            fire_time=now + timedelta(seconds=1),
+            timer_id=name,
+            shard=shard,
+            kind="test",
+            key=name,
+            stamp=stamp,
+        )
+
+    settled_after, settled_before, kept = timer("after"), timer("before"), timer("kept")
+    # The marker of "before" lands first, then the timer itself: the marker still wins.
+    await write_grouped(store._session, store.settle_rows([settled_before], now=now))
+    await store.put([settled_after, settled_before, kept], now=now)
+    await write_grouped(store._session, store.settle_rows([settled_after], now=now))
+    # A timer already due is not settled (its consumer checks): no items.
+    assert store.settle_rows([replace(kept, fire_time=now - timedelta(seconds=1))], now=now) == []
+
+    fired: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(t.timer_id for t in batch)
+
+    scanner = WheelScanner(store, on_due, grace=timedelta(seconds=1))
+    await scanner.add_shard(lease)
+    await asyncio.sleep(1.2)
+    await scanner.read(datetime.now(UTC))
+    await scanner.fire_due()
+    # (The shard may hold other tests' timers.)
+    assert [f for f in fired if f in ("after", "before", "kept")] == ["kept"]

@@ -22,6 +22,7 @@ from scheduler.errors import InvalidArgument
 from scheduler.model import (
     MisfireMode,
     OverlapMode,
+    RetryPolicy,
     Schedule,
     SchedulePolicies,
     ScheduleSpec,
@@ -67,6 +68,11 @@ def test_everything_round_trips() -> None:
     msg.policies.misfire = schedule_pb2.MISFIRE_POLICY_FIRE_ALL
     msg.policies.catch_up_window.FromTimedelta(timedelta(minutes=20))
     msg.policies.max_catch_up = 3
+    msg.policies.retry.max_attempts = 5
+    msg.policies.retry.initial_backoff.FromTimedelta(timedelta(seconds=2))
+    msg.policies.retry.backoff_multiplier = 3.0
+    msg.policies.retry.max_backoff.FromTimedelta(timedelta(minutes=1))
+    msg.policies.retry.jitter = 0.5
     s = schedule_from_proto(msg, now=NOW)
     assert s.spec.dst_gap is GapPolicy.SKIP and s.spec.dst_overlap is OverlapPolicy.BOTH
     assert s.spec.start_time == NOW + timedelta(days=1)
@@ -77,6 +83,13 @@ def test_everything_round_trips() -> None:
         misfire=MisfireMode.FIRE_ALL,
         catch_up_window=timedelta(minutes=20),
         max_catch_up=3,
+        retry=RetryPolicy(
+            max_attempts=5,
+            initial_backoff=timedelta(seconds=2),
+            multiplier=3.0,
+            max_backoff=timedelta(minutes=1),
+            jitter=0.5,
+        ),
     )
     out = schedule_to_proto(replace(s, schedule_id="x"))
     assert out.spec == msg.spec

@@ -9,6 +9,7 @@ import pytest
 
 from cronscale.v1 import run_reporting_service_pb2 as pb
 from worker import builtin
+from worker.errors import NonRetryable, RetryAfter
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.messages import RunTask
 from worker.runner import Runner
@@ -115,7 +116,7 @@ async def test_the_message_max_runtime_times_the_handler_out() -> None:
     outcome = await runner.run(task("sleep", b'{"seconds": 30}', max_runtime=0.05))
     assert loop.time() - t0 < 2
     assert outcome.error == "timed out after 0.05 s"
-    assert reporter.kinds() == ["STARTED", "FAILED"]
+    assert reporter.kinds() == ["STARTED", "TIMED_OUT"]
     assert reporter.events[1].error == "timed out after 0.05 s"
 
 
@@ -197,12 +198,12 @@ async def test_a_handler_that_turns_the_cancel_into_an_error_is_still_cancelled(
     assert reporter.events[-1].error == outcome.error
 
 
-async def test_a_timeout_is_failed_not_cancelled() -> None:
+async def test_a_timeout_is_timed_out_not_cancelled() -> None:
     reporter = RecordingReporter()
     runner, _ = make_runner(reporter, heartbeat_interval=0.05)
     outcome = await runner.run(task("sleep", b'{"seconds": 30}', max_runtime=0.2))
     assert not outcome.cancelled and outcome.error.startswith("timed out")
-    assert reporter.kinds()[-1] == "FAILED"
+    assert reporter.kinds()[-1] == "TIMED_OUT"
 
 
 async def test_cancelling_the_runner_cancels_the_handler_and_reports_nothing() -> None:
@@ -268,7 +269,7 @@ async def test_a_handler_that_ignores_its_cancellation_is_given_up_on(
     outcome = await runner.run(task("stubborn", max_runtime=0.1))
     assert loop.time() - t0 < 2
     assert outcome.error == "timed out after 0.1 s" and not outcome.succeeded
-    assert reporter.kinds() == ["STARTED", "FAILED"]
+    assert reporter.kinds() == ["STARTED", "TIMED_OUT"]
     release.set()
 
 
@@ -278,3 +279,30 @@ async def test_long_runs_share_one_heartbeat_ticker() -> None:
     await asyncio.gather(*(runner.run(task("sleep", b'{"seconds": 0.7}')) for _ in range(3)))
     beats = reporter.kinds().count("HEARTBEAT")
     assert 3 * 2 <= beats <= 3 * 4, reporter.kinds()
+
+
+async def test_a_handler_steers_its_retries() -> None:
+    """NonRetryable marks the failure hopeless; RetryAfter carries the wait it asks for; any
+    other exception is a plain, retryable FAILED."""
+    reporter = RecordingReporter()
+    runner, registry = make_runner(reporter)
+
+    async def hopeless(ctx: HandlerContext) -> None:
+        raise NonRetryable("the record was deleted upstream")
+
+    async def throttled(ctx: HandlerContext) -> None:
+        raise RetryAfter(7.5, "rate limited")
+
+    async def plain(ctx: HandlerContext) -> None:
+        raise RuntimeError("boom")
+
+    registry.register("hopeless", hopeless)
+    registry.register("throttled", throttled)
+    registry.register("plain", plain)
+    for name in ("hopeless", "throttled", "plain"):
+        await runner.run(task(name))
+    outcomes = [e for e in reporter.events if e.kind == pb.RUN_EVENT_KIND_FAILED]
+    assert [e.non_retryable for e in outcomes] == [True, False, False]
+    assert [e.HasField("retry_after") for e in outcomes] == [False, True, False]
+    assert outcomes[1].retry_after.ToTimedelta() == timedelta(seconds=7.5)
+    assert "the record was deleted upstream" in outcomes[0].error

@@ -62,6 +62,7 @@ class RunMessage(_message.Message):
     MANUAL_FIELD_NUMBER: _builtins.int
     MAX_RUNTIME_FIELD_NUMBER: _builtins.int
     FOLLOW_UP_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     """1 for this layout."""
     run_id: _builtins.str
@@ -83,6 +84,13 @@ class RunMessage(_message.Message):
     def max_runtime(self) -> _duration_pb2.Duration:
         """Zero: the worker's default timeout."""
 
+    @_builtins.property
+    def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When this attempt's lease comes due: a dispatcher then checks that it finished or is
+        still heartbeating, and retries it otherwise. Workers echo it in their terminal event,
+        which lets the API settle the lease (no check needed).
+        """
+
     def __init__(
         self,
         *,
@@ -98,10 +106,11 @@ class RunMessage(_message.Message):
         manual: _builtins.bool = ...,
         max_runtime: _duration_pb2.Duration | None = ...,
         follow_up: Global___FollowUp.ValueType = ...,
+        lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "max_runtime", b"max_runtime", "scheduled_for", b"scheduled_for"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "lease_expire_time", b"lease_expire_time", "max_runtime", b"max_runtime", "scheduled_for", b"scheduled_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "follow_up", b"follow_up", "handler", b"handler", "manual", b"manual", "max_runtime", b"max_runtime", "payload", b"payload", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "schema_version", b"schema_version", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "follow_up", b"follow_up", "handler", b"handler", "lease_expire_time", b"lease_expire_time", "manual", b"manual", "max_runtime", b"max_runtime", "payload", b"payload", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "schema_version", b"schema_version", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -11,6 +11,7 @@ written in other languages that prefer them.
 from collections import abc as _abc
 from cronscale.v1 import run_message_pb2 as _run_message_pb2
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -39,6 +40,8 @@ class _RunEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunEvent
     RUN_EVENT_KIND_FAILED: _RunEventKind.ValueType  # 4
     RUN_EVENT_KIND_CANCELLED: _RunEventKind.ValueType  # 5
     """The handler stopped because an operator (or a CANCEL_PREVIOUS slot) asked it to cancel."""
+    RUN_EVENT_KIND_TIMED_OUT: _RunEventKind.ValueType  # 6
+    """The handler ran past its max runtime and was stopped; the retry policy applies."""
 
 class RunEventKind(_RunEventKind, metaclass=_RunEventKindEnumTypeWrapper): ...
 
@@ -49,6 +52,8 @@ RUN_EVENT_KIND_SUCCEEDED: RunEventKind.ValueType  # 3
 RUN_EVENT_KIND_FAILED: RunEventKind.ValueType  # 4
 RUN_EVENT_KIND_CANCELLED: RunEventKind.ValueType  # 5
 """The handler stopped because an operator (or a CANCEL_PREVIOUS slot) asked it to cancel."""
+RUN_EVENT_KIND_TIMED_OUT: RunEventKind.ValueType  # 6
+"""The handler ran past its max runtime and was stopped; the retry policy applies."""
 Global___RunEventKind: _TypeAlias = RunEventKind  # noqa: Y015
 
 @_typing.final
@@ -66,6 +71,9 @@ class RunEvent(_message.Message):
     ENQUEUE_TIME_FIELD_NUMBER: _builtins.int
     FOLLOW_UP_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
+    NON_RETRYABLE_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     kind: Global___RunEventKind.ValueType
     run_id: _builtins.str
     schedule_id: _builtins.str
@@ -75,6 +83,8 @@ class RunEvent(_message.Message):
     """FAILED, CANCELLED: the error text (truncated to 4 KiB by the server)."""
     follow_up: _run_message_pb2.FollowUp.ValueType
     """Echoed from the run message (RunMessage.follow_up)."""
+    non_retryable: _builtins.bool
+    """On a FAILED event: the handler said retrying cannot help; the run is dead-lettered now."""
     @_builtins.property
     def scheduled_for(self) -> _timestamp_pb2.Timestamp:
         """Echoed from the run message."""
@@ -95,6 +105,16 @@ class RunEvent(_message.Message):
         ended before its STARTED event was sent reports both in this one event.
         """
 
+    @_builtins.property
+    def retry_after(self) -> _duration_pb2.Duration:
+        """On a FAILED event: the handler asked for its next attempt this long from now (instead of
+        the retry policy's backoff; still bounded by its max attempts and max backoff).
+        """
+
+    @_builtins.property
+    def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """Echoed from the run message (RunMessage.lease_expire_time)."""
+
     def __init__(
         self,
         *,
@@ -109,10 +129,13 @@ class RunEvent(_message.Message):
         enqueue_time: _timestamp_pb2.Timestamp | None = ...,
         follow_up: _run_message_pb2.FollowUp.ValueType = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
+        non_retryable: _builtins.bool = ...,
+        retry_after: _duration_pb2.Duration | None = ...,
+        lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "event_time", b"event_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "event_time", b"event_time", "lease_expire_time", b"lease_expire_time", "retry_after", b"retry_after", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "lease_expire_time", b"lease_expire_time", "non_retryable", b"non_retryable", "retry_after", b"retry_after", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -174,6 +174,10 @@ class _RunStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunStatus.V
     """The slot did not run; `skip_reason` says why."""
     RUN_STATUS_DEAD_LETTERED: _RunStatus.ValueType  # 6
     RUN_STATUS_CANCELLED: _RunStatus.ValueType  # 7
+    RUN_STATUS_TIMED_OUT: _RunStatus.ValueType  # 8
+    """The attempt ran past the schedule's max runtime (or was lost: no heartbeat within its
+    lease); the retry policy applies as to a failure.
+    """
 
 class RunStatus(_RunStatus, metaclass=_RunStatusEnumTypeWrapper): ...
 
@@ -187,6 +191,10 @@ RUN_STATUS_SKIPPED: RunStatus.ValueType  # 5
 """The slot did not run; `skip_reason` says why."""
 RUN_STATUS_DEAD_LETTERED: RunStatus.ValueType  # 6
 RUN_STATUS_CANCELLED: RunStatus.ValueType  # 7
+RUN_STATUS_TIMED_OUT: RunStatus.ValueType  # 8
+"""The attempt ran past the schedule's max runtime (or was lost: no heartbeat within its
+lease); the retry policy applies as to a failure.
+"""
 Global___RunStatus: _TypeAlias = RunStatus  # noqa: Y015
 
 @_typing.final
@@ -361,6 +369,7 @@ class SchedulePolicies(_message.Message):
     MISFIRE_FIELD_NUMBER: _builtins.int
     CATCH_UP_WINDOW_FIELD_NUMBER: _builtins.int
     MAX_CATCH_UP_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
     overlap: Global___OverlapPolicy.ValueType
     misfire: Global___MisfirePolicy.ValueType
     max_catch_up: _builtins.int
@@ -369,6 +378,12 @@ class SchedulePolicies(_message.Message):
     def catch_up_window(self) -> _duration_pb2.Duration:
         """FIRE_ALL runs missed slots no older than this; default 1 hour."""
 
+    @_builtins.property
+    def retry(self) -> Global___RetryPolicy:
+        """What happens when a run fails, times out or is lost; unset means the defaults of
+        RetryPolicy.
+        """
+
     def __init__(
         self,
         *,
@@ -376,14 +391,65 @@ class SchedulePolicies(_message.Message):
         misfire: Global___MisfirePolicy.ValueType = ...,
         catch_up_window: _duration_pb2.Duration | None = ...,
         max_catch_up: _builtins.int = ...,
+        retry: Global___RetryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["catch_up_window", b"catch_up_window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["catch_up_window", b"catch_up_window", "retry", b"retry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_window", b"catch_up_window", "max_catch_up", b"max_catch_up", "misfire", b"misfire", "overlap", b"overlap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_window", b"catch_up_window", "max_catch_up", b"max_catch_up", "misfire", b"misfire", "overlap", b"overlap", "retry", b"retry"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SchedulePolicies: _TypeAlias = SchedulePolicies  # noqa: Y015
+
+@_typing.final
+class RetryPolicy(_message.Message):
+    """Failed attempts are retried with exponential backoff and full jitter, keeping the run id and
+    incrementing `attempt`; after the last attempt the run is DEAD_LETTERED. Every field left
+    zero takes its default.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    INITIAL_BACKOFF_FIELD_NUMBER: _builtins.int
+    BACKOFF_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    MAX_BACKOFF_FIELD_NUMBER: _builtins.int
+    JITTER_FIELD_NUMBER: _builtins.int
+    NO_JITTER_FIELD_NUMBER: _builtins.int
+    max_attempts: _builtins.int
+    """Attempts in all, the first included; 1 means never retry. Default 3, at most 100."""
+    backoff_multiplier: _builtins.float
+    """Each further backoff is the previous one times this; default 2.0, between 1.0 and 10.0."""
+    jitter: _builtins.float
+    """The part of each backoff drawn at random (0.0: exactly the backoff; 1.0, the default:
+    "full jitter", uniformly between zero and the backoff). Use `no_jitter` for 0.0.
+    """
+    no_jitter: _builtins.bool
+    @_builtins.property
+    def initial_backoff(self) -> _duration_pb2.Duration:
+        """The backoff before the second attempt; default 10 s, at least 100 ms."""
+
+    @_builtins.property
+    def max_backoff(self) -> _duration_pb2.Duration:
+        """No backoff is longer than this; default 10 minutes, at most 7 days."""
+
+    def __init__(
+        self,
+        *,
+        max_attempts: _builtins.int = ...,
+        initial_backoff: _duration_pb2.Duration | None = ...,
+        backoff_multiplier: _builtins.float = ...,
+        max_backoff: _duration_pb2.Duration | None = ...,
+        jitter: _builtins.float = ...,
+        no_jitter: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["initial_backoff", b"initial_backoff", "max_backoff", b"max_backoff"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_multiplier", b"backoff_multiplier", "initial_backoff", b"initial_backoff", "jitter", b"jitter", "max_attempts", b"max_attempts", "max_backoff", b"max_backoff", "no_jitter", b"no_jitter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryPolicy: _TypeAlias = RetryPolicy  # noqa: Y015
 
 @_typing.final
 class Schedule(_message.Message):
@@ -506,6 +572,7 @@ class Run(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     ORIGIN_RUN_ID_FIELD_NUMBER: _builtins.int
     BACKFILL_ID_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Derived from (schedule_id, scheduled_for) for a scheduled firing; handlers receive it as
     their idempotency key.
@@ -536,6 +603,10 @@ class Run(_message.Message):
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finish_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def next_attempt_time(self) -> _timestamp_pb2.Timestamp:
+        """A FAILED or TIMED_OUT attempt that will be retried: when the next attempt is due."""
+
     def __init__(
         self,
         *,
@@ -555,10 +626,11 @@ class Run(_message.Message):
         tenant: _builtins.str = ...,
         origin_run_id: _builtins.str = ...,
         backfill_id: _builtins.str = ...,
+        next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "finish_time", b"finish_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "finish_time", b"finish_time", "next_attempt_time", b"next_attempt_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "backfill_id", b"backfill_id", "enqueue_time", b"enqueue_time", "error", b"error", "finish_time", b"finish_time", "handler", b"handler", "manual", b"manual", "origin_run_id", b"origin_run_id", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "skip_reason", b"skip_reason", "start_time", b"start_time", "status", b"status", "tenant", b"tenant", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "backfill_id", b"backfill_id", "enqueue_time", b"enqueue_time", "error", b"error", "finish_time", b"finish_time", "handler", b"handler", "manual", b"manual", "next_attempt_time", b"next_attempt_time", "origin_run_id", b"origin_run_id", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "skip_reason", b"skip_reason", "start_time", b"start_time", "status", b"status", "tenant", b"tenant", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

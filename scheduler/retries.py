@@ -1,0 +1,322 @@
+"""Retries, run leases and dead letters: what follows when an attempt fails, times out or is lost.
+
+A failed attempt reaches here two ways: its worker reports FAILED or TIMED_OUT (the API,
+``scheduler.reports``), or the attempt's lease comes due unsettled and a dispatcher finds it
+lost (``LeaseCheck``: never started, or stopped heartbeating). Either way ``Failures.handle``
+applies the schedule's retry policy:
+
+- attempts left: a run timer for the next attempt (same run id, ``attempt + 1``) due after the
+  backoff (never a sleep in a worker), and the run row shows when it is due;
+- none left, or the handler said retrying cannot help: the run is DEAD_LETTERED (its row, the
+  ``dead_letters`` tables and a message on the dead-letter topic, ``scheduler.dead_letters``).
+
+Every failed attempt is kept in ``run_attempts``: the history a dead letter carries. A run that
+succeeds costs none of this: the dispatcher writes its lease timer with the batch it fires in,
+and the API settles that timer in the same grouped write as the outcome, so a lease costs a
+timer row per firing and no read (decision 0008).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from bucketer.cassandra import CassandraTimerStore
+from bucketer.cql import Write, write_grouped
+from scheduler import metrics
+from scheduler.cassandra import MAX_ERROR_CHARS, CassandraRunStore, CassandraScheduleStore
+from scheduler.config import Config
+from scheduler.dead_letters import Attempt, CassandraDeadLetterStore, DeadLetter, history_of
+from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.model import (
+    FollowUp,
+    RetryPolicy,
+    RunEventRecord,
+    RunStatus,
+    Schedule,
+    ScheduleState,
+)
+from scheduler.session import Stores
+from scheduler.timers import LeaseTimer, RunTimer
+
+logger = logging.getLogger(__name__)
+
+FAILURES = (RunStatus.FAILED, RunStatus.TIMED_OUT)
+# Defaults of the two leases (Config: CRONSCALE_RUN_LEASE, CRONSCALE_HEARTBEAT_LEASE).
+START_LEASE = timedelta(minutes=5)
+HEARTBEAT_LEASE = timedelta(seconds=60)
+# A re-armed lease is never due sooner than this.
+_MIN_REARM = timedelta(seconds=1)
+
+
+def backoff(policy: RetryPolicy, attempt: int, run_id: str) -> timedelta:
+    """The wait after failed ``attempt`` (1 is the first) before the next one.
+
+    ``initial_backoff * multiplier ** (attempt - 1)``, capped at ``max_backoff``, less a random
+    share (``jitter``; 1.0 is full jitter: uniform between zero and the cap). The random draw
+    derives from (run id, attempt), so a repeated report of the same failure waits the same.
+    """
+    exponent = max(attempt - 1, 0)
+    cap = policy.max_backoff.total_seconds()
+    base = policy.initial_backoff.total_seconds()
+    # multiplier ** exponent overflows a float for silly inputs long after it passes the cap.
+    wait = cap if exponent > 1000 else min(cap, base * policy.multiplier**exponent)
+    digest = hashlib.blake2b(f"{run_id}#{attempt}".encode(), digest_size=8).digest()
+    share = int.from_bytes(digest, "big") / 2**64
+    return timedelta(seconds=wait * (1.0 - policy.jitter * share))
+
+
+def next_attempt_at(policy: RetryPolicy, e: RunEventRecord, now: datetime) -> datetime | None:
+    """When the attempt after the failed ``e`` is due; None if ``e`` was the last one (or its
+    handler said retrying cannot help). A handler's "retry after" replaces the backoff, within
+    ``max_backoff``."""
+    if e.non_retryable or e.attempt >= policy.max_attempts:
+        return None
+    wait = e.retry_after if e.retry_after is not None else backoff(policy, e.attempt, e.run_id)
+    return now + min(wait, policy.max_backoff)
+
+
+class DeadLetterQueue:
+    """The dead-letter topic, produced to with a Kafka producer started on first use (an API
+    replica that never dead-letters anything never connects)."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, queue: KafkaRunQueue | None = None, *, partitions: int
+    ) -> None:
+        self.topic = topic
+        self._bootstrap = bootstrap
+        self._partitions = partitions
+        self._queue = queue
+        self._owned = False
+        self._lock = asyncio.Lock()
+
+    async def produce(self, letters: Sequence[DeadLetter]) -> None:
+        async with self._lock:
+            if self._queue is None:
+                await ensure_topics(self._bootstrap, [self.topic], partitions=self._partitions)
+                queue = KafkaRunQueue(self._bootstrap)
+                await queue.start()
+                self._queue, self._owned = queue, True
+        await self._queue.enqueue(self.topic, [d.to_proto() for d in letters])
+
+    async def stop(self) -> None:
+        if self._queue is not None and self._owned:
+            await self._queue.stop()
+
+
+class Failures:
+    """Applies retry policies to failed attempts (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        schedules: CassandraScheduleStore,
+        runs: CassandraRunStore,
+        timers: CassandraTimerStore,
+        dead_letters: CassandraDeadLetterStore,
+        queue: DeadLetterQueue,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._schedules = schedules
+        self._runs = runs
+        self._timers = timers
+        self._dead_letters = dead_letters
+        self._queue = queue
+        self._clock = clock
+
+    async def stop(self) -> None:
+        """Stops the dead-letter producer if this process started one."""
+        await self._queue.stop()
+
+    async def handle(
+        self,
+        failed: Sequence[RunEventRecord],
+        schedules: Mapping[str, Schedule] | None = None,
+    ) -> None:
+        """Retries or dead-letters each failed attempt (all FAILED or TIMED_OUT); idempotent,
+        so a repeated report repeats the same rows. ``schedules`` may hold what the caller read
+        already. A failure of a deleted or cancelled schedule stays as recorded: nothing is to
+        run for it any more."""
+        if not failed:
+            return
+        now = self._clock()
+        if schedules is None:
+            schedules = await self._schedules.get_many([e.schedule_id for e in failed])
+        items: list[Write] = self._runs.attempt_rows(failed)
+        retries: list[RunTimer] = []
+        hopeless: list[tuple[RunEventRecord, Schedule]] = []
+        for e in failed:
+            s = schedules.get(e.schedule_id)
+            if s is None or s.state is ScheduleState.CANCELLED:
+                continue
+            at = next_attempt_at(s.policies.retry, e, now)
+            if at is None:
+                hopeless.append((e, s))
+                continue
+            retries.append(
+                RunTimer(
+                    schedule_id=e.schedule_id,
+                    run_id=e.run_id,
+                    scheduled_for=e.scheduled_for,
+                    fire_at=at,
+                    attempt=e.attempt + 1,
+                )
+            )
+            items.append(self._runs.retry_row(e, at))
+            metrics.RUNS_RETRIED.labels(reason=e.status.value if e.status else "").inc()
+        items.extend(
+            self._timers.rows([t.to_timer(self._timers.shard_count) for t in retries], now=now)
+        )
+        letters = await self._letters(hopeless, now)
+        for (e, _s), d in zip(hopeless, letters, strict=True):
+            items.append(self._runs.dead_letter_row(e))
+            items.extend(self._dead_letters.rows(d))
+        # The rows and the messages go out together; if either fails the caller's report (or
+        # lease check) is retried and writes the same rows and messages again.
+        await asyncio.gather(
+            write_grouped(self._runs.session, items),
+            self._queue.produce(letters) if letters else asyncio.sleep(0),
+        )
+        for d in letters:
+            metrics.RUNS_DEAD_LETTERED.labels(tier="standard").inc()
+            logger.warning(
+                "run %s dead-lettered after %d attempts: %s",
+                d.run_id,
+                d.attempts,
+                d.error[:200],
+                extra={"run_id": d.run_id, "schedule_id": d.schedule_id},
+            )
+
+    async def _letters(
+        self, hopeless: Sequence[tuple[RunEventRecord, Schedule]], now: datetime
+    ) -> list[DeadLetter]:
+        """The dead letters of runs whose last attempt failed, each with every failed attempt
+        (read from ``run_attempts``: one read per dead letter, never per firing)."""
+
+        async def one(e: RunEventRecord, s: Schedule) -> DeadLetter:
+            earlier = history_of(await self._runs.attempts(e.run_id))
+            last = Attempt(
+                attempt=e.attempt,
+                status=e.status or RunStatus.FAILED,
+                error=e.error[:MAX_ERROR_CHARS],
+                start_time=e.start_time,
+                finish_time=e.event_time,
+                worker_id=e.worker_id,
+            )
+            history = [a for a in earlier if a.attempt != e.attempt] + [last]
+            return DeadLetter(
+                run_id=e.run_id,
+                schedule_id=e.schedule_id,
+                tenant=s.tenant,
+                handler=s.handler,
+                payload=s.payload,
+                scheduled_for=e.scheduled_for,
+                dead_letter_time=now,
+                attempts=e.attempt,
+                error=last.error,
+                history=tuple(sorted(history, key=lambda a: a.attempt)),
+            )
+
+        return list(await asyncio.gather(*(one(e, s) for e, s in hopeless)))
+
+
+class LeaseCheck:
+    """The dispatcher's side of run leases: a lease timer that comes due unsettled means its
+    attempt has not finished; the run row says whether it is still alive (RUNNING with a
+    recent heartbeat: the lease is re-armed) or lost (never started, or silent): then the
+    attempt is recorded TIMED_OUT and its retry policy applies."""
+
+    def __init__(
+        self,
+        *,
+        runs: CassandraRunStore,
+        timers: CassandraTimerStore,
+        failures: Failures,
+        heartbeat_lease: timedelta = HEARTBEAT_LEASE,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._runs = runs
+        self._timers = timers
+        self._failures = failures
+        self._heartbeat_lease = heartbeat_lease
+        self._clock = clock
+
+    async def check(self, leases: Sequence[LeaseTimer]) -> None:
+        if not leases:
+            return
+        now = self._clock()
+        runs = await self._runs.get_many([lease.run_id for lease in leases])
+        lost: list[RunEventRecord] = []
+        rearm: list[LeaseTimer] = []
+        for lease in leases:
+            r = runs.get(lease.run_id)
+            if r is None or r.attempt != lease.attempt:
+                continue  # gone, or a later attempt superseded this one
+            if r.status is RunStatus.RUNNING:
+                seen = max(
+                    (t for t in (r.heartbeat_time, r.start_time) if t is not None),
+                    default=None,
+                )
+                if seen is not None and now - seen < self._heartbeat_lease:
+                    at = max(seen + self._heartbeat_lease, now + _MIN_REARM)
+                    rearm.append(replace(lease, fire_at=at))
+                    continue
+                silent = f"{(now - seen).total_seconds():.0f} s" if seen else "ever"
+                error = f"lost: no heartbeat for {silent} (worker {r.worker_id or 'unknown'})"
+                metrics.RUNS_LOST.labels(state="running").inc()
+            elif r.status is RunStatus.ENQUEUED:
+                waited = (now - lease.enqueued).total_seconds()
+                error = f"lost: not started {waited:.0f} s after it was enqueued"
+                metrics.RUNS_LOST.labels(state="enqueued").inc()
+            else:
+                continue  # finished (its outcome landed after the lease timer was read)
+            logger.warning(
+                "run %s attempt %d %s",
+                lease.run_id,
+                lease.attempt,
+                error,
+                extra={"run_id": lease.run_id, "schedule_id": lease.schedule_id},
+            )
+            lost.append(
+                RunEventRecord(
+                    run_id=lease.run_id,
+                    schedule_id=lease.schedule_id,
+                    scheduled_for=lease.scheduled_for,
+                    status=RunStatus.TIMED_OUT,
+                    event_time=now,
+                    attempt=lease.attempt,
+                    worker_id=r.worker_id,
+                    error=error,
+                    enqueue_time=lease.enqueued,
+                    follow_up=FollowUp.NONE,
+                    start_time=r.start_time,
+                )
+            )
+        if rearm:
+            await self._timers.put([t.to_timer(self._timers.shard_count) for t in rearm], now=now)
+        if lost:
+            # The outcome first (a stale report of the same attempt can no longer win), then
+            # the retry or dead letter.
+            await self._runs.record_events(lost, now=now)
+            await self._failures.handle(lost)
+
+
+def failures_of(stores: Stores, config: Config, queue: KafkaRunQueue | None = None) -> Failures:
+    """The ``Failures`` of a process: its stores, and the dead-letter topic produced to with
+    ``queue`` (a dispatcher's producer) or a producer of its own started on first use."""
+    return Failures(
+        schedules=stores.schedules,
+        runs=stores.runs,
+        timers=stores.timers,
+        dead_letters=stores.dead_letters,
+        queue=DeadLetterQueue(
+            config.kafka_bootstrap,
+            config.dead_letter_topic(),
+            queue,
+            partitions=config.topic_partitions,
+        ),
+    )
