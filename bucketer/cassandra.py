@@ -21,7 +21,7 @@ from bucketer.cql import (
     write_grouped,
 )
 from bucketer.keys import minute_bucket
-from bucketer.model import Checkpoint, ShardLease, Timer, aware
+from bucketer.model import SETTLED, Checkpoint, ShardLease, Timer, aware
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +119,24 @@ class CassandraTimerStore:
                 Write(
                     (bucket, t.shard),
                     self._q["settle_timer"],
-                    (bucket, t.shard, t.fire_time, t.timer_id, _ttl(ttl), t.stamp + 1),
+                    (bucket, t.shard, t.fire_time, t.timer_id, t.key, _ttl(ttl), t.stamp + 1),
                 )
             )
         return items
+
+    async def read(self, timer: Timer) -> Timer | None:
+        """The stored timer at ``timer``'s place (fire time, id, shard), or None; a settled
+        one counts as absent. For repair checks, never on the firing path."""
+        bucket = minute_bucket(timer.fire_time)
+        rows = await aexecute(
+            self._session,
+            self._q["get_timer"],
+            (bucket, timer.shard, timer.fire_time, timer.timer_id),
+        )
+        row = first(rows)
+        if row is None or row.kind == SETTLED:
+            return None
+        return Timer.from_row(row, shard=timer.shard)
 
     async def scan(
         self,

@@ -23,7 +23,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import TRANSIENT_STORAGE_ERRORS, write_grouped
-from bucketer.model import Timer
+from bucketer.model import Timer, micros
 from cronscale.v1 import run_message_pb2
 from scheduler import metrics
 from scheduler.backfill import TICK as BACKFILL_TICK
@@ -511,7 +511,12 @@ class Firing:
         items.extend(self._timers.rows(plan.next_timers, now=now))
         # Every attempt enqueued holds a lease (scheduler.retries): a timer the API settles
         # when the outcome arrives, checked by a dispatcher only if it does not.
-        lease_at = now + self._start_lease
+        # Both to the millisecond, as the API reads them back from the worker's echo (and as
+        # Cassandra keeps the fire time): the API settles the very row written here.
+        enqueued_ms = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        lease_at = enqueued_ms + self._start_lease
+        stamp = micros(enqueued_ms)
+        shards = self._timers.shard_count
         items.extend(
             self._timers.rows(
                 [
@@ -519,10 +524,9 @@ class Firing:
                         schedule_id=s.schedule_id,
                         run_id=run.run_id,
                         attempt=run.attempt,
-                        scheduled_for=run.scheduled_for,
-                        enqueued=now,
                         fire_at=lease_at,
-                    ).to_timer(self._timers.shard_count)
+                        stamp=stamp,
+                    ).to_timer(shards)
                     for s, run in plan.enqueue
                 ],
                 now=now,

@@ -56,6 +56,14 @@ RUNS_LOST = Counter(
     "Attempts whose lease came due while they were not started or stopped heartbeating.",
     ["state"],
 )
+TIMERS_REPAIRED = Counter(
+    "cronscale_timers_repaired_total",
+    "Schedules found ACTIVE without a timer by the repair sweep and re-armed.",
+)
+READY = Gauge(
+    "cronscale_ready",
+    "1 while this API replica serves (Cassandra answers, clock within tolerance), else 0.",
+)
 OWNED_SHARDS = Gauge("cronscale_owned_shards", "Shards this dispatcher owns.")
 TIMERS_PENDING = Gauge(
     "cronscale_timers_pending",

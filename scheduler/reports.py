@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import Write
+from bucketer.model import micros
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.model import (
     STALE_RUN,
@@ -84,9 +85,8 @@ class RunReports:
                 schedule_id=e.schedule_id,
                 run_id=e.run_id,
                 attempt=e.attempt,
-                scheduled_for=e.scheduled_for,
-                enqueued=e.enqueue_time,
                 fire_at=e.lease_expire_time,
+                stamp=micros(e.enqueue_time),
             ).to_timer(self._timers.shard_count)
             for e in events
             if e.status in _TERMINAL

@@ -256,6 +256,7 @@ class LeaseCheck:
             r = runs.get(lease.run_id)
             if r is None or r.attempt != lease.attempt:
                 continue  # gone, or a later attempt superseded this one
+            enqueued = r.enqueue_time or r.scheduled_for
             if r.status is RunStatus.RUNNING:
                 seen = max(
                     (t for t in (r.heartbeat_time, r.start_time) if t is not None),
@@ -269,7 +270,7 @@ class LeaseCheck:
                 error = f"lost: no heartbeat for {silent} (worker {r.worker_id or 'unknown'})"
                 metrics.RUNS_LOST.labels(state="running").inc()
             elif r.status is RunStatus.ENQUEUED:
-                waited = (now - lease.enqueued).total_seconds()
+                waited = (now - enqueued).total_seconds()
                 error = f"lost: not started {waited:.0f} s after it was enqueued"
                 metrics.RUNS_LOST.labels(state="enqueued").inc()
             else:
@@ -285,13 +286,13 @@ class LeaseCheck:
                 RunEventRecord(
                     run_id=lease.run_id,
                     schedule_id=lease.schedule_id,
-                    scheduled_for=lease.scheduled_for,
+                    scheduled_for=r.scheduled_for,
                     status=RunStatus.TIMED_OUT,
                     event_time=now,
                     attempt=lease.attempt,
                     worker_id=r.worker_id,
                     error=error,
-                    enqueue_time=lease.enqueued,
+                    enqueue_time=enqueued,
                     follow_up=FollowUp.NONE,
                     start_time=r.start_time,
                 )

@@ -11,7 +11,7 @@ slots its concurrency allows (``scheduler.backfill``) and puts it again a moment
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -117,47 +117,43 @@ class LeaseTimer:
     """The lease of one enqueued attempt: due ``fire_at``, when the attempt should have
     finished or at least still be heartbeating (scheduler.retries).
 
-    Written with the run's first message, at the enqueue instant as its write timestamp; the
-    API settles it (``CassandraTimerStore.settle_rows``) when the attempt's outcome arrives, so
-    a run that finishes in time costs no read when its lease comes due.
+    Written with the run's first message, at the enqueue instant (``stamp``, µs) as its write
+    timestamp; the API settles it (``CassandraTimerStore.settle_rows``) when the attempt's
+    outcome arrives, so a run that finishes in time costs no read when its lease comes due.
+    It carries no data: the run id and attempt are in its timer id, the rest is on the run row
+    its check reads anyway (one written per firing, so it costs no JSON either way).
     """
 
     schedule_id: str
     run_id: str
     attempt: int
-    scheduled_for: datetime
-    enqueued: datetime
     fire_at: datetime
+    stamp: int | None = None
 
     def to_timer(self, shard_count: int) -> Timer:
-        doc = {
-            "v": _VERSION,
-            "run": self.run_id,
-            "attempt": self.attempt,
-            "at_us": micros(self.scheduled_for),
-            "enq_us": micros(self.enqueued),
-        }
-        t = _timer(
-            LEASE,
-            self.schedule_id,
-            f"{self.run_id}#lease{self.attempt}",
-            self.fire_at,
-            doc,
-            shard_count,
+        return Timer(
+            fire_time=self.fire_at,
+            timer_id=f"{self.run_id}{_LEASE_MARK}{self.attempt}",
+            shard=shard_of(self.schedule_id, shard_count),
+            kind=LEASE,
+            key=self.schedule_id,
+            stamp=self.stamp,
         )
-        return replace(t, stamp=micros(self.enqueued))
 
     @classmethod
     def from_timer(cls, timer: Timer) -> LeaseTimer:
-        doc = _load(timer)
+        run_id, mark, attempt = timer.timer_id.rpartition(_LEASE_MARK)
+        if not mark or not attempt.isdigit():
+            raise ValueError(f"not a lease timer id: {timer.timer_id!r}")
         return cls(
             schedule_id=timer.key,
-            run_id=doc["run"],
-            attempt=int(doc["attempt"]),
-            scheduled_for=from_micros(doc["at_us"]),
-            enqueued=from_micros(doc["enq_us"]),
+            run_id=run_id,
+            attempt=int(attempt),
             fire_at=timer.fire_time,
         )
+
+
+_LEASE_MARK = "#lease"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ from scheduler.api.dead_letters import DeadLetterServicer
 from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
 from scheduler.config import Config
+from scheduler.health import Readiness
 from scheduler.reports import RunReports
 from scheduler.retries import failures_of
 from scheduler.service import ScheduleService
@@ -81,16 +82,20 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
             for name in ("", *SERVICE_NAMES):
                 await health_servicer.set(name, status)
 
-        await set_health(guard.ok)
-        # A replica whose clock is off refuses timer writes (UNAVAILABLE) and says so in its
-        # health, so load balancers route around it.
-        guard.on_change(lambda ok: background.add(asyncio.ensure_future(set_health(ok))))
-        background: set[asyncio.Future[None]] = set()
+        # A replica whose clock is off refuses timer writes (UNAVAILABLE), and one that cannot
+        # reach Cassandra can do nothing: either way its health says NOT_SERVING (and its log
+        # why), so load balancers route around it until the cause ends.
+        readiness = Readiness(stores.session, guard, set_health)
+        await readiness.probe()
+        guard.on_change(lambda ok: background.add(asyncio.ensure_future(readiness.probe())))
+        background: set[asyncio.Future[bool]] = set()
         watch = asyncio.create_task(guard.run(stores.session), name="clock-guard")
+        probing = asyncio.create_task(readiness.run(), name="readiness")
         metrics.serve_metrics(config.metrics_port)
         logger.info("api listening on %s", config.api_listen)
         await stop.wait()
         watch.cancel()
+        probing.cancel()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
         await failures.stop()

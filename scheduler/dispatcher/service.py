@@ -12,7 +12,9 @@ from scheduler import metrics
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.repair import RepairSweep
 from scheduler.retries import failures_of
+from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
 
 logger = logging.getLogger(__name__)
@@ -64,10 +66,27 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
             )
             await measure_clock(timers.clock_guard, stores.session)
             watch = asyncio.create_task(timers.clock_guard.run(stores.session), name="clock")
+            background = [watch]
+            if config.repair_interval_s > 0:
+                sweep = RepairSweep(
+                    ScheduleService(schedules=schedules, runs=runs, timers=timers),
+                    rate=config.repair_rate,
+                )
+                background.append(
+                    asyncio.create_task(
+                        sweep.run(
+                            stop,
+                            leading=lambda: 0 in wheel.owned_shards,
+                            interval=timedelta(seconds=config.repair_interval_s),
+                        ),
+                        name="repair-sweep",
+                    )
+                )
             try:
                 await wheel.run(stop)
             finally:
-                watch.cancel()
+                for task in background:
+                    task.cancel()
         finally:
             await queue.stop()
     finally:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 from aiokafka import AIOKafkaConsumer
 
+from bucketer.cql import connect
 from cronscale.v1 import dead_letter_service_pb2 as dl_pb2
 from cronscale.v1 import dead_letter_service_pb2_grpc as dl_grpc
 from cronscale.v1 import schedule_pb2
@@ -146,6 +147,18 @@ def test_a_run_that_fails_then_succeeds_is_not_dead_lettered(stack: Stack) -> No
     run_id = _only_run_id(stack, sid)
     wait_until(stack, lambda: get_run(stack, run_id).status == SUCCEEDED, 30, "success on try 2")
     assert get_run(stack, run_id).attempt == 2
+    # Both attempts' leases were settled by their outcomes: no dispatcher will read the run.
+    session = connect(stack.config.cassandra_hosts, stack.config.cassandra_port)
+    try:
+        rows = session.execute(
+            f"SELECT timer_id, kind FROM {stack.config.keyspace}.timers "
+            "WHERE key = %s ALLOW FILTERING",
+            (sid,),
+        )
+        leases = {r.timer_id: r.kind for r in rows if "#lease" in r.timer_id}
+    finally:
+        session.cluster.shutdown()
+    assert leases == {f"{run_id}#lease1": "settled", f"{run_id}#lease2": "settled"}
     code, _ = refusal(
         lambda: _dlq(stack).GetDeadLetter(dl_pb2.GetDeadLetterRequest(run_id=run_id), timeout=10)
     )
