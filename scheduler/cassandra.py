@@ -45,6 +45,7 @@ _RUNNING_RANK = 1
 _OUTCOME_RANK = 2
 _DEAD_LETTER_RANK = 3
 _ATTEMPT_STRIDE = 4
+_MS = timedelta(milliseconds=1)
 
 
 def _set(value: object) -> object:
@@ -338,6 +339,7 @@ class CassandraRunStore:
                         r.backfill_id or UNSET_VALUE,
                         # A retry's row no longer waits for it.
                         None if r.attempt > 1 else UNSET_VALUE,
+                        _set(r.deferred // _MS if r.deferred else None),
                         run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
                     ),
                 )

@@ -7,10 +7,12 @@ or external clusters in production (``CRONSCALE_CASSANDRA_HOSTS``, ``CRONSCALE_K
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 
 from scheduler.errors import InvalidArgument
+from scheduler.fairness import DEFAULT_TIER
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +48,8 @@ class Config:
     # interval of 0 turns it off.
     repair_interval_s: float = 3600.0
     repair_rate: float = 500.0
+    # Tenant tiers, each with its own run topic ("<prefix>.<tier>"); the first is the default.
+    tiers: tuple[str, ...] = ("standard", "free", "premium")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -84,12 +88,26 @@ class Config:
             heartbeat_lease_s=float(_int("CRONSCALE_HEARTBEAT_LEASE", 60)),
             repair_interval_s=float(_int("CRONSCALE_REPAIR_INTERVAL", 3600)),
             repair_rate=float(_int("CRONSCALE_REPAIR_RATE", 500)),
+            tiers=_tiers(e.get("CRONSCALE_TIERS", "standard,free,premium")),
         )
 
-    def topic(self, tier: str = "standard") -> str:
+    def topic(self, tier: str = DEFAULT_TIER) -> str:
         """The Kafka topic that carries run messages of ``tier``."""
         return f"{self.topic_prefix}.{tier}"
 
     def dead_letter_topic(self) -> str:
         """The Kafka topic that carries dead letters (``cronscale.v1.DeadLetter``)."""
         return f"{self.topic_prefix}.dlq"
+
+
+def _tiers(raw: str) -> tuple[str, ...]:
+    tiers = tuple(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
+    for t in tiers:
+        if not _TIER.match(t):
+            raise InvalidArgument("CRONSCALE_TIERS", f"tier {t!r} is not a name like 'premium'")
+    if DEFAULT_TIER not in tiers:
+        raise InvalidArgument("CRONSCALE_TIERS", f"must include {DEFAULT_TIER!r}, got {raw!r}")
+    return tiers
+
+
+_TIER = re.compile(r"^[a-z][a-z0-9-]{0,31}$")

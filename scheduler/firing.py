@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -30,6 +30,7 @@ from scheduler.backfill import TICK as BACKFILL_TICK
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.errors import InvalidArgument, Unavailable
+from scheduler.fairness import UNLIMITED, TenantDirectory, TenantLimits, Throttle, Unlimited
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION, KafkaRunQueue
 from scheduler.model import (
     MISFIRE_THRESHOLD,
@@ -67,6 +68,8 @@ from scheduler.timers import (
 
 logger = logging.getLogger(__name__)
 
+_MS = timedelta(milliseconds=1)
+
 
 def _ts(t: datetime) -> Timestamp:
     ts = Timestamp()
@@ -84,6 +87,8 @@ class FiringPlan:
     completed: list[tuple[Schedule, datetime]] = field(default_factory=list)
     buffered: list[tuple[Schedule, BufferedRun]] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)
+    # The tenants' tiers and quotas (scheduler.fairness), for the batch's schedules.
+    limits: Mapping[str, TenantLimits] = field(default_factory=dict)
 
     def skip(self, s: Schedule, slot: Slot | datetime, reason: SkipReason, note: str = "") -> None:
         at = slot.at if isinstance(slot, Slot) else slot
@@ -117,7 +122,8 @@ def plan_fire(
     policy; then the next slot is put, or the schedule completes.
     """
     due = Slot(slot=f.slot, at=f.scheduled_for)
-    if now - f.scheduled_for > misfire_threshold:
+    # Late because the tenant's enqueue quota held it back is not missed (scheduler.fairness).
+    if not f.held_by_quota and now - f.scheduled_for > misfire_threshold:
         more = slots_between(s, f.slot, now, MAX_ENUMERATED_MISSES)
         missed = [due, *more]
         decided = plan_misfire(s.policies, missed, now)
@@ -172,15 +178,21 @@ def plan_fire(
                 plan.skip(s, slot, SkipReason.OVERLAP)
             to_fire = []
 
+    deferred = timedelta(milliseconds=f.deferred_ms) if f.deferred_ms else None
     for slot in to_fire:
-        plan.enqueue.append((s, _run(s, run_id_for(s.schedule_id, slot.at), slot.at, now)))
+        run = _run(s, run_id_for(s.schedule_id, slot.at), slot.at, now, deferred=deferred)
+        plan.enqueue.append((s, run))
     fired += len(to_fire)
 
     nxt = None
+    behind = False
     if not (s.spec.max_runs and fired >= s.spec.max_runs):
         nxt = next_slot(s, last)
-        if nxt is not None and nxt.slot <= now and now - nxt.at > misfire_threshold:
-            nxt = next_slot(s, now)
+        if nxt is not None and nxt.slot <= now:
+            if f.held_by_quota:
+                behind = True  # the quota holds the tenant back: its slots wait, never skip
+            elif now - nxt.at > misfire_threshold:
+                nxt = next_slot(s, now)
     until = nxt.slot if nxt is not None else last + timedelta(days=1)
     plan.skipped.extend(_dst_runs(s, last, until))
     if nxt is None:
@@ -193,6 +205,7 @@ def plan_fire(
             slot=nxt.slot,
             scheduled_for=nxt.at,
             fired=fired,
+            quota_behind=behind,
         ).to_timer(shard_count)
     )
 
@@ -222,6 +235,7 @@ def _run(
     origin_run_id: str = "",
     backfill_id: str = "",
     attempt: int = 1,
+    deferred: timedelta | None = None,
 ) -> Run:
     return Run(
         run_id=run_id,
@@ -235,6 +249,7 @@ def _run(
         enqueue_time=now,
         origin_run_id=origin_run_id,
         backfill_id=backfill_id,
+        deferred=deferred,
     )
 
 
@@ -252,6 +267,7 @@ def plan_run(s: Schedule, r: RunTimer, now: datetime, plan: FiringPlan) -> None:
                 origin_run_id=r.origin_run_id,
                 backfill_id=r.backfill_id,
                 attempt=r.attempt,
+                deferred=timedelta(milliseconds=r.deferred_ms) if r.deferred_ms else None,
             ),
         )
     )
@@ -302,8 +318,10 @@ class Firing:
         runs: CassandraRunStore,
         timers: CassandraTimerStore,
         queue: KafkaRunQueue,
-        topic: str,
+        topic: Callable[[str], str],
         failures: Failures,
+        tenants: TenantDirectory | None = None,
+        throttle: Throttle | None = None,
         misfire_threshold: timedelta = MISFIRE_THRESHOLD,
         start_lease: timedelta = START_LEASE,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
@@ -323,6 +341,8 @@ class Firing:
         self._timers = timers
         self._queue = queue
         self._topic = topic
+        self._tenants: TenantDirectory = tenants or Unlimited()
+        self._throttle = throttle or Throttle()
         self._clock = clock
         self._backfills = BackfillDriver(
             store=CassandraBackfillStore(runs.session, keyspace=schedules.q.keyspace),
@@ -378,12 +398,19 @@ class Firing:
         )
         now = self._clock()
         plan = FiringPlan()
+        plan.limits = await self._tenants.limits({s.tenant for s in schedules.values()})
         # Runs of timers a new shard owner hands over that its previous owner may have fired.
         recheck: set[str] = set()
         for f, timer in zip(fires, fire_timers, strict=True):
             s = schedules.get(f.schedule_id)
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
+                continue
+            wait = 0.0 if f.deferred_ms else self._admit(s, plan)
+            if wait:
+                at = now + timedelta(seconds=wait)
+                later = replace(f, deferred_ms=max(1, (at - f.scheduled_for) // _MS))
+                plan.next_timers.append(later.to_timer(self._timers.shard_count))
                 continue
             before = len(plan.enqueue)
             plan_fire(
@@ -403,6 +430,12 @@ class Firing:
                 continue
             if not dependent_run_wanted(s, r, plan):
                 continue
+            wait = 0.0 if r.deferred_ms else self._admit(s, plan)
+            if wait:
+                at = now + timedelta(seconds=wait)
+                put_off = replace(r, fire_at=at, deferred_ms=max(1, (at - r.fire_at) // _MS))
+                plan.next_timers.append(put_off.to_timer(self._timers.shard_count))
+                continue
             plan_run(s, r, now, plan)
             if timer.after_takeover:
                 recheck.add(r.run_id)
@@ -410,8 +443,8 @@ class Firing:
             await self._drop_delivered(plan, recheck)
         await self._apply(plan, now)
         done = self._clock()
-        for _s, run in plan.enqueue:
-            metrics.RUNS_ENQUEUED.labels(tier="standard").inc()
+        for s, run in plan.enqueue:
+            metrics.RUNS_ENQUEUED.labels(tier=plan.limits.get(s.tenant, UNLIMITED).tier).inc()
             metrics.FIRE_LAG.observe(max(0.0, (done - run.scheduled_for).total_seconds()))
         for run in plan.skipped:
             metrics.RUNS_SKIPPED.labels(reason=run.skip_reason).inc()
@@ -423,6 +456,14 @@ class Firing:
         )
         # Backfills last: live firings of the batch are out before any backfill run.
         await self._backfill_due(backfills)
+
+    def _admit(self, s: Schedule, plan: FiringPlan) -> float:
+        """0.0 if ``s``'s tenant may enqueue one more run now, else how long to put it off."""
+        wait = self._throttle.admit(s.tenant, plan.limits.get(s.tenant, UNLIMITED))
+        if wait:
+            tier = plan.limits.get(s.tenant, UNLIMITED).tier
+            metrics.FIRINGS_DEFERRED.labels(tier=tier).inc()
+        return wait
 
     async def _current_retries(
         self, runs: list[RunTimer], timers: list[Timer]
@@ -478,6 +519,7 @@ class Firing:
         try:
             step = await self._backfills.plan(due, now)
             plan = FiringPlan()
+            plan.limits = await self._tenants.limits({s.tenant for s, _r in step.runs})
             for s, r in step.runs:
                 plan_run(s, r, now, plan)
             plan.next_timers.extend(t.to_timer(self._timers.shard_count) for t in step.next_timers)
@@ -490,8 +532,8 @@ class Firing:
             retry = [replace(t, fire_at=now + BACKFILL_TICK) for t in due]
             await self._timers.put([t.to_timer(self._timers.shard_count) for t in retry], now=now)
             return
-        for _ in plan.enqueue:
-            metrics.RUNS_ENQUEUED.labels(tier="standard").inc()
+        for s, _run in plan.enqueue:
+            metrics.RUNS_ENQUEUED.labels(tier=plan.limits.get(s.tenant, UNLIMITED).tier).inc()
 
     async def _apply(self, plan: FiringPlan, now: datetime) -> None:
         schedules = self._schedules
@@ -536,11 +578,14 @@ class Firing:
         # against the worker's reports (run rows by slot, attempt and status; overlap cells by
         # enqueue time), so which lands first does not matter; if either fails the batch is
         # fired again, with the same run ids.
+        # Each tenant's runs go to its tier's topic, so workers can be dedicated per tier.
+        by_topic: dict[str, list[run_message_pb2.RunMessage]] = {}
+        for s, r in plan.enqueue:
+            tier = plan.limits.get(s.tenant, UNLIMITED).tier
+            by_topic.setdefault(self._topic(tier), []).append(self._message(s, r, lease_at))
         await asyncio.gather(
             write_grouped(self._runs.session, items),
-            self._queue.enqueue(
-                self._topic, [self._message(s, r, lease_at) for s, r in plan.enqueue]
-            ),
+            *(self._queue.enqueue(topic, messages) for topic, messages in by_topic.items()),
         )
 
     def _message(self, s: Schedule, run: Run, lease_at: datetime) -> run_message_pb2.RunMessage:

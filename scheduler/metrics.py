@@ -60,6 +60,11 @@ TIMERS_REPAIRED = Counter(
     "cronscale_timers_repaired_total",
     "Schedules found ACTIVE without a timer by the repair sweep and re-armed.",
 )
+FIRINGS_DEFERRED = Counter(
+    "cronscale_firings_deferred_total",
+    "Firings put off because their tenant was over its enqueue-rate quota.",
+    ["tier"],
+)
 READY = Gauge(
     "cronscale_ready",
     "1 while this API replica serves (Cassandra answers, clock within tolerance), else 0.",

@@ -436,6 +436,8 @@ class Run:
     next_attempt_time: datetime | None = None
     # The worker's last sign of life for a RUNNING run.
     heartbeat_time: datetime | None = None
+    # How long the tenant's enqueue-rate quota held the run back (scheduler.fairness).
+    deferred: timedelta | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Run:
@@ -458,6 +460,11 @@ class Run:
             backfill_id=getattr(row, "backfill_id", None) or "",
             next_attempt_time=aware(getattr(row, "next_attempt_time", None)),
             heartbeat_time=aware(getattr(row, "heartbeat_time", None)),
+            deferred=(
+                timedelta(milliseconds=row.deferred_ms)
+                if getattr(row, "deferred_ms", None)
+                else None
+            ),
         )
 
 

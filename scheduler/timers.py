@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bucketer.keys import shard_of
@@ -32,7 +32,10 @@ class FireTimer:
 
     ``slot`` is the spec's time (what the next slot is computed from); ``scheduled_for`` is the
     slot plus the schedule's jitter (when it fires, and what its run id derives from).
-    ``fired`` counts the runs fired before this slot (for ``max_runs``).
+    ``fired`` counts the runs fired before this slot (for ``max_runs``). ``deferred_ms`` is how
+    long the tenant's enqueue quota has put this slot off so far (it is due that much after
+    ``scheduled_for``); ``quota_behind`` marks a slot already past when its timer was written
+    by a deferred firing. Neither kind of lateness is a misfire (scheduler.fairness).
     """
 
     schedule_id: str
@@ -40,18 +43,27 @@ class FireTimer:
     slot: datetime
     scheduled_for: datetime
     fired: int = 0
+    deferred_ms: int = 0
+    quota_behind: bool = False
+
+    @property
+    def held_by_quota(self) -> bool:
+        return self.deferred_ms > 0 or self.quota_behind
 
     def to_timer(self, shard_count: int) -> Timer:
-        doc = {
+        doc: dict[str, Any] = {
             "v": _VERSION,
             "g": self.generation,
             "slot_us": micros(self.slot),
             "at_us": micros(self.scheduled_for),
             "n": self.fired,
         }
-        return _timer(
-            FIRE, self.schedule_id, self.schedule_id, self.scheduled_for, doc, shard_count
-        )
+        if self.deferred_ms:
+            doc["d_ms"] = self.deferred_ms
+        if self.quota_behind:
+            doc["qb"] = True
+        fire_at = self.scheduled_for + timedelta(milliseconds=self.deferred_ms)
+        return _timer(FIRE, self.schedule_id, self.schedule_id, fire_at, doc, shard_count)
 
     @classmethod
     def from_timer(cls, timer: Timer) -> FireTimer:
@@ -62,6 +74,8 @@ class FireTimer:
             slot=from_micros(doc["slot_us"]),
             scheduled_for=from_micros(doc["at_us"]),
             fired=int(doc.get("n", 0)),
+            deferred_ms=int(doc.get("d_ms", 0)),
+            quota_behind=bool(doc.get("qb", False)),
         )
 
 
@@ -78,6 +92,8 @@ class RunTimer:
     backfill_id: str = ""
     # Above 1: a retry of the run (scheduler.retries).
     attempt: int = 1
+    # How long the tenant's enqueue quota has put it off so far (scheduler.fairness).
+    deferred_ms: int = 0
 
     def to_timer(self, shard_count: int) -> Timer:
         doc: dict[str, Any] = {
@@ -90,6 +106,8 @@ class RunTimer:
             doc["origin"] = self.origin_run_id
         if self.backfill_id:
             doc["backfill"] = self.backfill_id
+        if self.deferred_ms:
+            doc["d_ms"] = self.deferred_ms
         timer_id = self.run_id
         if self.attempt > 1:
             doc["attempt"] = self.attempt
@@ -109,6 +127,7 @@ class RunTimer:
             origin_run_id=doc.get("origin", ""),
             backfill_id=doc.get("backfill", ""),
             attempt=int(doc.get("attempt", 1)),
+            deferred_ms=int(doc.get("d_ms", 0)),
         )
 
 

@@ -373,6 +373,7 @@ def run_to_proto(r: Run) -> schedule_pb2.Run:
         origin_run_id=r.origin_run_id,
         backfill_id=r.backfill_id,
         next_attempt_time=ts(r.next_attempt_time),
+        deferred=duration(r.deferred),
     )
 
 

@@ -31,7 +31,7 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         await ensure_topics(
             config.kafka_bootstrap,
-            [config.topic(), config.dead_letter_topic()],
+            [*(config.topic(t) for t in config.tiers), config.dead_letter_topic()],
             partitions=config.topic_partitions,
         )
         queue = KafkaRunQueue(config.kafka_bootstrap)
@@ -42,7 +42,7 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 runs=runs,
                 timers=timers,
                 queue=queue,
-                topic=config.topic(),
+                topic=config.topic,
                 failures=failures_of(stores, config, queue),
                 misfire_threshold=timedelta(seconds=config.misfire_threshold_s),
                 start_lease=timedelta(seconds=config.run_lease_s),

@@ -39,6 +39,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bucketer.cql import connect
+from cronscale.v1 import dead_letter_service_pb2 as dl_pb2
+from cronscale.v1 import dead_letter_service_pb2_grpc as dl_grpc
 from cronscale.v1 import schedule_pb2
 from ops.local import LocalSettings, down, up
 from ops.local import process as local_process
@@ -49,6 +51,7 @@ from tests.chaos import handlers
 from tests.chaos.report import (
     ChaosSchedule,
     FaultWindow,
+    LetterView,
     Report,
     RunView,
     build_report,
@@ -75,6 +78,11 @@ SHARD_LEASE_S: Final = 10.0
 PROCESS_KILLS: Final = ("kill_dispatcher", "kill_worker", "kill_api")
 SERVICE_RESTARTS: Final = ("restart_cassandra", "restart_kafka")
 STOP_DISPATCHER: Final = "stop_dispatcher"
+# Retry policies of the chaos schedules: the always-failing (and hanging) ones must be
+# dead-lettered after exactly this many attempts; the flaky ones (30 % failures) get so many
+# that none should be (0.3 ** 12 ~ 5e-7 per run).
+HOPELESS_ATTEMPTS: Final = 3
+FLAKY_ATTEMPTS: Final = 12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,14 +297,22 @@ def register(
     fleet: Fleet, planned: list[ChaosSchedule], options: ChaosOptions, exec_dir: Path
 ) -> None:
     """CreateSchedule for each: overlap ALLOW and misfire FIRE_ALL (so every slot must run, even
-    late), a max runtime below the hang for the hanging ones."""
-    policies = schedule_pb2.SchedulePolicies(
-        overlap=schedule_pb2.OVERLAP_POLICY_ALLOW,
-        misfire=schedule_pb2.MISFIRE_POLICY_FIRE_ALL,
-        catch_up_window=dur(timedelta(hours=1)),
-        max_catch_up=1000,
-    )
+    late), a max runtime below the hang for the hanging ones. Retries are quick (1 s, x2, at most
+    4 s): the always-failing and hanging ones end in the DLQ after ``HOPELESS_ATTEMPTS``; the
+    flaky ones get enough attempts that none should."""
     for s in planned:
+        attempts = FLAKY_ATTEMPTS if s.handler == handlers.FLAKY else HOPELESS_ATTEMPTS
+        policies = schedule_pb2.SchedulePolicies(
+            overlap=schedule_pb2.OVERLAP_POLICY_ALLOW,
+            misfire=schedule_pb2.MISFIRE_POLICY_FIRE_ALL,
+            catch_up_window=dur(timedelta(hours=1)),
+            max_catch_up=1000,
+            retry=schedule_pb2.RetryPolicy(
+                max_attempts=attempts,
+                initial_backoff=dur(timedelta(seconds=1)),
+                max_backoff=dur(timedelta(seconds=4)),
+            ),
+        )
         payload: dict[str, object] = {"log_dir": str(exec_dir)}
         extra: dict[str, object] = {}
         if s.handler == handlers.FLAKY:
@@ -504,6 +520,34 @@ class FaultInjector:
 # --- the run -----------------------------------------------------------------------------------
 
 
+def read_dead_letters(fleet: Fleet, planned: list[ChaosSchedule]) -> list[LetterView]:
+    """Every dead letter of every chaos schedule, through ListDeadLetters."""
+    stub = dl_grpc.DeadLetterServiceStub(fleet.channel)
+    out: list[LetterView] = []
+    for s in planned:
+        token = ""
+        while True:
+            resp = stub.ListDeadLetters(
+                dl_pb2.ListDeadLettersRequest(
+                    schedule_id=s.schedule_id, page_size=1000, page_token=token
+                ),
+                timeout=30,
+            )
+            out.extend(
+                LetterView(
+                    run_id=d.run_id,
+                    schedule_id=d.schedule_id,
+                    scheduled_for=dt(d.scheduled_for),
+                    attempts=d.attempts,
+                )
+                for d in resp.dead_letters
+            )
+            token = resp.next_page_token
+            if not token:
+                break
+    return out
+
+
 def read_runs(fleet: Fleet, planned: list[ChaosSchedule]) -> list[RunView]:
     """Every run of every chaos schedule, through ListRuns."""
     out: list[RunView] = []
@@ -643,6 +687,7 @@ def run_chaos(options: ChaosOptions) -> Report:
             options.stuck_bound_s + 5,
         )
         runs = read_runs(fleet, planned)
+        letters = read_dead_letters(fleet, planned)
         executions, bad = read_executions(exec_dir)
         report = build_report(
             schedules=planned,
@@ -656,6 +701,8 @@ def run_chaos(options: ChaosOptions) -> Report:
             stuck_bound_s=options.stuck_bound_s,
             fault_grace_s=options.fault_grace_s,
             duration_s=time.monotonic() - began,
+            letters=letters,
+            max_attempts=HOPELESS_ATTEMPTS,
         )
         report.notes += injector.notes
         report.notes.append(

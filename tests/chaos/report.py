@@ -143,7 +143,7 @@ class Report:
     fault_grace_s: float
     malformed_lines: int
     duration_s: float
-    dlq: str
+    dlq: DlqCheck
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -189,7 +189,7 @@ class Report:
             "- fire lag (handler start - scheduled_for) outside fault windows "
             f"(+{self.fault_grace_s:.0f} s): " + _lag_line(self.lag_quiet),
             "- fire lag over every execution in the window: " + _lag_line(self.lag_all),
-            f"- DLQ: {self.dlq}",
+            f"- DLQ: {self.dlq.render()}",
             f"- malformed execution-log lines: {self.malformed_lines}",
             "",
             "| handler | expected | executed | unexecuted |",
@@ -291,18 +291,69 @@ def expected_slots(cron: str, start: datetime, end: datetime) -> list[datetime]:
         out.append(t)
 
 
-def dlq_accounting(schedules: list[ChaosSchedule], executions: list[Execution]) -> str:
-    """The place for the dead-letter check: once retries and dead letters exist (issue 7), the
-    DLQ must hold exactly the ``chaos.fail`` schedules' runs, each after exactly max attempts,
-    and nothing of the others. Until then this only states what the execution log shows of the
-    always-failing schedules' attempts; nothing is read from a DLQ because there is none."""
-    failing = {s.schedule_id for s in schedules if s.handler == FAIL}
-    attempts = [e.attempt for e in executions if e.schedule_id in failing]
-    return (
-        "not measured: the code has no retries or dead letters yet (issue 7); "
-        f"{len(failing)} always-failing schedules executed {len(attempts)} times, "
-        f"highest attempt {max(attempts, default=0)}"
-    )
+@dataclass(frozen=True, kw_only=True)
+class LetterView:
+    """A dead letter as ListDeadLetters shows it."""
+
+    run_id: str
+    schedule_id: str
+    scheduled_for: datetime
+    attempts: int
+
+
+@dataclass(kw_only=True)
+class DlqCheck:
+    """The dead letters against what must be there: every slot of an always-failing (or
+    always-hanging) schedule in the window, each after exactly ``attempts`` attempts, and
+    nothing of the other schedules."""
+
+    expected: int = 0
+    found: int = 0
+    missing: list[tuple[str, datetime]] = field(default_factory=list)
+    wrong_attempts: list[LetterView] = field(default_factory=list)
+    unexpected: list[LetterView] = field(default_factory=list)
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.wrong_attempts and not self.unexpected
+
+    def render(self) -> str:
+        return (
+            f"{self.found} of {self.expected} runs of the always-failing schedules dead-lettered "
+            f"after exactly {self.attempts} attempts; missing {len(self.missing)}, "
+            f"other attempt counts {len(self.wrong_attempts)}, "
+            f"dead letters of other schedules {len(self.unexpected)}"
+        )
+
+
+def dlq_accounting(
+    schedules: list[ChaosSchedule],
+    letters: list[LetterView],
+    window_start: datetime,
+    window_end: datetime,
+    attempts: int,
+) -> DlqCheck:
+    """Checks the DLQ (issue 7): exactly the always-failing schedules' runs, each after exactly
+    ``attempts`` attempts (their retry policy's max), none of the healthy or flaky ones."""
+    hopeless = {s.schedule_id for s in schedules if s.handler in (FAIL, HANG)}
+    check = DlqCheck(attempts=attempts)
+    in_window = [d for d in letters if window_start <= d.scheduled_for < window_end]
+    by_slot = {(d.schedule_id, d.scheduled_for): d for d in in_window}
+    for s in schedules:
+        if s.schedule_id not in hopeless:
+            continue
+        for slot in expected_slots(s.cron, window_start, window_end):
+            check.expected += 1
+            letter = by_slot.get((s.schedule_id, slot))
+            if letter is None:
+                check.missing.append((s.schedule_id, slot))
+            elif letter.attempts != attempts:
+                check.wrong_attempts.append(letter)
+            else:
+                check.found += 1
+    check.unexpected = [d for d in in_window if d.schedule_id not in hopeless]
+    return check
 
 
 def in_fault(t: float, faults: Iterable[FaultWindow], grace_s: float) -> bool:
@@ -323,6 +374,8 @@ def build_report(
     stuck_bound_s: float,
     fault_grace_s: float,
     duration_s: float,
+    letters: list[LetterView] | None = None,
+    max_attempts: int = 3,
 ) -> Report:
     """Judges one chaos run. ``runs`` is what ListRuns returned for every schedule;
     a run is stuck when it is ENQUEUED or RUNNING and its slot is before ``stuck_before``."""
@@ -401,7 +454,7 @@ def build_report(
         duplicates_by_fault=dict(duplicates_by_fault),
         split_slots=split_slots,
         unexpected=unexpected,
-        dlq=dlq_accounting(schedules, in_window),
+        dlq=dlq_accounting(schedules, letters or [], window_start, window_end, max_attempts),
         stuck=stuck,
         stuck_executions=dict(stuck_executions),
         stuck_bound_s=stuck_bound_s,

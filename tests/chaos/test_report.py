@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from tests.chaos.handlers import FAIL, OK
@@ -9,8 +10,10 @@ from tests.chaos.report import (
     ChaosSchedule,
     Execution,
     FaultWindow,
+    LetterView,
     RunView,
     build_report,
+    dlq_accounting,
     expected_slots,
 )
 
@@ -80,5 +83,36 @@ def test_lost_duplicates_stuck_and_quiet_lag() -> None:
     assert [r.run_id for r in report.stuck] == ["ok@120004"]
     # Slot 6 s is inside the fault window: 0, 2 and 8 s are quiet, each counted once.
     assert [round(x, 3) for x in report.lag_quiet] == [0.1, 0.1, 0.1]
-    assert "1 always-failing schedules executed 0 times" in report.dlq
+    # No dead letters were read: both slots of the failing schedule are missing from the DLQ.
+    assert not report.dlq.ok and report.dlq.missing == [
+        ("bad", T0),
+        ("bad", T0 + timedelta(seconds=5)),
+    ]
     assert "**lost** (slots of chaos.ok schedules never executed): **1**" in report.render()
+
+
+def test_dlq_accounting_wants_exactly_the_hopeless_runs_after_max_attempts() -> None:
+    bad = ChaosSchedule(schedule_id="bad", handler=FAIL, cron="*/5 * * * * *")
+    ok = ChaosSchedule(schedule_id="ok", handler=OK, cron="*/5 * * * * *")
+    end = T0 + timedelta(seconds=15)
+    good = [
+        LetterView(
+            run_id=f"bad@{s}",
+            schedule_id="bad",
+            scheduled_for=T0 + timedelta(seconds=s),
+            attempts=3,
+        )
+        for s in (0, 5)
+    ]
+    short = LetterView(
+        run_id="bad@10", schedule_id="bad", scheduled_for=T0 + timedelta(seconds=10), attempts=2
+    )
+    stray = LetterView(run_id="ok@0", schedule_id="ok", scheduled_for=T0, attempts=3)
+    before = LetterView(
+        run_id="bad@-5", schedule_id="bad", scheduled_for=T0 - timedelta(seconds=5), attempts=1
+    )
+    check = dlq_accounting([bad, ok], [*good, short, stray, before], T0, end, attempts=3)
+    assert (check.expected, check.found) == (3, 2)
+    assert check.wrong_attempts == [short] and check.unexpected == [stray] and not check.missing
+    assert not check.ok
+    assert dlq_accounting([bad, ok], [*good, replace(short, attempts=3)], T0, end, 3).ok

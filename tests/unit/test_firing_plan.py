@@ -238,3 +238,36 @@ def test_outages_are_transient_and_bad_timers_are_poison() -> None:
         assert Firing.is_transient(transient), transient
     for poison in (MessageSizeTooLargeError(), OverflowError(), UnsupportedVersion("v9")):
         assert not Firing.is_transient(poison), poison
+
+
+def test_a_slot_the_tenant_quota_held_back_is_not_a_misfire_and_its_successors_wait() -> None:
+    """Deferred by the enqueue-rate quota for 3 minutes: the slot runs (SKIP misfire policy or
+    not), the run records the deferral, and the next slot (already past) is put due now,
+    marked as held back by the quota, instead of being skipped as missed."""
+    s = _schedule(policies=SchedulePolicies(misfire=MisfireMode.SKIP))
+    held = FireTimer(
+        schedule_id="s1",
+        generation=7,
+        slot=T0,
+        scheduled_for=T0,
+        deferred_ms=180_000,
+    )
+    now = T0 + timedelta(minutes=3)
+    plan = _plan(s, held, now)
+    assert [r.scheduled_for for _s, r in plan.enqueue] == [T0] and plan.skipped == []
+    assert plan.enqueue[0][1].deferred == timedelta(minutes=3)
+    nxt = FireTimer.from_timer(plan.next_timers[0])
+    assert nxt.slot == T0 + timedelta(minutes=1) and nxt.quota_behind and nxt.held_by_quota
+    # That successor, fired late, is not a misfire either.
+    later = _plan(s, nxt, now + timedelta(seconds=1))
+    assert [r.scheduled_for for _s, r in later.enqueue] == [T0 + timedelta(minutes=1)]
+    # The same lateness without the quota is a misfire (SKIP: recorded, not run).
+    missed = _plan(s, _timer(T0), now)
+    assert missed.enqueue == [] and {r.skip_reason for r in missed.skipped} == {"misfire"}
+
+
+def test_a_deferred_timer_is_due_after_its_deferral_and_round_trips() -> None:
+    held = FireTimer(schedule_id="s1", generation=7, slot=T0, scheduled_for=T0, deferred_ms=1500)
+    t = held.to_timer(8)
+    assert t.fire_time == T0 + timedelta(milliseconds=1500)
+    assert FireTimer.from_timer(t) == held

@@ -573,6 +573,7 @@ class Run(_message.Message):
     ORIGIN_RUN_ID_FIELD_NUMBER: _builtins.int
     BACKFILL_ID_FIELD_NUMBER: _builtins.int
     NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
+    DEFERRED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Derived from (schedule_id, scheduled_for) for a scheduled firing; handlers receive it as
     their idempotency key.
@@ -607,6 +608,10 @@ class Run(_message.Message):
     def next_attempt_time(self) -> _timestamp_pb2.Timestamp:
         """A FAILED or TIMED_OUT attempt that will be retried: when the next attempt is due."""
 
+    @_builtins.property
+    def deferred(self) -> _duration_pb2.Duration:
+        """How long the tenant's enqueue-rate quota held this run back (unset: not at all)."""
+
     def __init__(
         self,
         *,
@@ -627,10 +632,11 @@ class Run(_message.Message):
         origin_run_id: _builtins.str = ...,
         backfill_id: _builtins.str = ...,
         next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
+        deferred: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "finish_time", b"finish_time", "next_attempt_time", b"next_attempt_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deferred", b"deferred", "enqueue_time", b"enqueue_time", "finish_time", b"finish_time", "next_attempt_time", b"next_attempt_time", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "backfill_id", b"backfill_id", "enqueue_time", b"enqueue_time", "error", b"error", "finish_time", b"finish_time", "handler", b"handler", "manual", b"manual", "next_attempt_time", b"next_attempt_time", "origin_run_id", b"origin_run_id", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "skip_reason", b"skip_reason", "start_time", b"start_time", "status", b"status", "tenant", b"tenant", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "backfill_id", b"backfill_id", "deferred", b"deferred", "enqueue_time", b"enqueue_time", "error", b"error", "finish_time", b"finish_time", "handler", b"handler", "manual", b"manual", "next_attempt_time", b"next_attempt_time", "origin_run_id", b"origin_run_id", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "skip_reason", b"skip_reason", "start_time", b"start_time", "status", b"status", "tenant", b"tenant", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,94 @@
+"""Per-tenant enqueue quotas and tiers in the dispatcher (issue 9: one noisy tenant cannot
+starve the others).
+
+Each dispatcher keeps a token bucket per tenant holding its share of the tenant's enqueue rate:
+the rate times the share of shards it owns (schedules spread over shards by hash, so a tenant's
+firings do too). A due timer of a tenant whose bucket is empty is not fired now: it is put
+again when the bucket will hold a token, its total deferral counted on the timer and recorded
+on the run when it finally fires (``Run.deferred``). The token is booked ahead when the timer is
+put off, so it fires without asking again, and a herd over the quota goes out at exactly the
+rate. Nothing is dropped, and a deferred slot is never treated as a misfire: the quota, not the
+fleet, held it back.
+
+A tenant under its rate is never held back by one over it: the over-quota tenant's excess costs
+the dispatcher a timer write per deferral instead of a firing, so the other tenants' timers in
+the same due second go out in the same pass. Limits come from a ``TenantDirectory`` (cached;
+no read per firing); a tenant it does not know is unlimited, on the default tier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+DEFAULT_TIER = "standard"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantLimits:
+    """What the firing path enforces for one tenant."""
+
+    tier: str = DEFAULT_TIER
+    # Firings per second across the fleet; None: unlimited.
+    enqueue_rate: float | None = None
+    # Firings allowed at once above the rate (the bucket's size); None: one second's worth.
+    burst: float | None = None
+
+
+UNLIMITED = TenantLimits()
+
+
+class TenantDirectory(Protocol):
+    """Where the dispatcher learns tenants' tiers and quotas; implementations cache, since
+    this is asked for every batch."""
+
+    async def limits(self, tenants: Collection[str]) -> Mapping[str, TenantLimits]: ...
+
+
+class Unlimited:
+    """Every tenant unlimited, on the default tier (no tenant registry configured)."""
+
+    async def limits(self, tenants: Collection[str]) -> Mapping[str, TenantLimits]:
+        return {}
+
+
+class _Bucket:
+    __slots__ = ("stamp", "tokens")
+
+    def __init__(self, tokens: float, stamp: float) -> None:
+        self.tokens = tokens
+        self.stamp = stamp
+
+
+class Throttle:
+    """Token buckets per tenant, sized to this dispatcher's ``share`` (0..1] of each rate."""
+
+    def __init__(
+        self,
+        share: Callable[[], float] = lambda: 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._share = share
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+
+    def admit(self, tenant: str, limits: TenantLimits) -> float:
+        """Takes a token for one firing of ``tenant``: 0.0 if it may fire now; else the token
+        is booked ahead (the bucket goes into debt) and the answer is how many seconds from now
+        it will have been earned: the firing is put off that long and then fires without asking
+        again. A herd over the quota is so spread at exactly the rate."""
+        if limits.enqueue_rate is None:
+            return 0.0
+        share = max(self._share(), 1e-6)
+        rate = max(limits.enqueue_rate * share, 1e-9)
+        size = max((limits.burst if limits.burst is not None else limits.enqueue_rate) * share, 1.0)
+        now = self._clock()
+        b = self._buckets.get(tenant)
+        if b is None:
+            b = self._buckets[tenant] = _Bucket(size, now)
+        b.tokens = min(size, b.tokens + (now - b.stamp) * rate)
+        b.stamp = now
+        b.tokens -= 1.0
+        return 0.0 if b.tokens >= 0.0 else -b.tokens / rate
