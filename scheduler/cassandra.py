@@ -15,6 +15,7 @@ from cassandra.query import UNSET_VALUE, SimpleStatement
 
 from bucketer.cql import Queries, Write, aexecute, execute_conditional, first, write_grouped
 from bucketer.model import Timer, micros
+from scheduler.dead_letters import Attempt
 from scheduler.errors import AlreadyExists, InvalidArgument, NotFound
 from scheduler.model import (
     Run,
@@ -403,9 +404,10 @@ class CassandraRunStore:
             for e in failed
         ]
 
-    async def attempts(self, run_id: str) -> list[Any]:
-        """The recorded failed attempts of a run, oldest first (rows of ``run_attempts``)."""
-        return await aexecute(self.session, self.q["list_attempts"], (run_id,))
+    async def attempts(self, run_id: str) -> list[Attempt]:
+        """The recorded failed attempts of a run, oldest first."""
+        rows = await aexecute(self.session, self.q["list_attempts"], (run_id,))
+        return sorted((Attempt.from_row(r) for r in rows), key=lambda a: a.attempt)
 
     async def get_many(self, run_ids: Sequence[str]) -> dict[str, Run]:
         """The runs among ``run_ids`` that exist (one read each, concurrently). For the few runs
@@ -427,6 +429,10 @@ class CassandraRunStore:
         now: datetime,
         also: Sequence[Write] = (),
     ) -> None:
+        """Applies worker reports, and ``also``, in one grouped write (see ``event_rows``)."""
+        await write_grouped(self.session, [*self.event_rows(events, now=now), *also])
+
+    def event_rows(self, events: Sequence[RunEventRecord], *, now: datetime) -> list[Write]:
         """Applies worker reports, grouped by partition: each run row at its cell time, and the
         schedule's overlap cells (a heartbeat is a sign of life, an outcome ends the run).
 
@@ -497,8 +503,7 @@ class CassandraRunStore:
                             e.schedule_id, e.run_id, e.enqueue_time or e.scheduled_for
                         )
                     )
-        items.extend(also)
-        await write_grouped(self.session, items)
+        return items
 
     async def delivered(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` a worker has taken (RUNNING, or an outcome recorded): their

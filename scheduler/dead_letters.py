@@ -255,8 +255,3 @@ def _decode_day_token(token: str) -> tuple[int, tuple[datetime, str]]:
         return int(day), (from_micros(int(us)), run_id)
     except (ValueError, UnicodeDecodeError):
         raise InvalidArgument("page_token", "is not a token this API returned") from None
-
-
-def history_of(rows: Sequence[Any]) -> list[Attempt]:
-    """Failed attempts from ``run_attempts`` rows, oldest first."""
-    return sorted((Attempt.from_row(r) for r in rows), key=lambda a: a.attempt)

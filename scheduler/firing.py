@@ -21,17 +21,15 @@ from datetime import UTC, datetime, timedelta
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from bucketer.cassandra import CassandraTimerStore
-from bucketer.cql import TRANSIENT_STORAGE_ERRORS, write_grouped
+from bucketer.cql import TRANSIENT_STORAGE_ERRORS
 from bucketer.model import Timer, micros
 from cronscale.v1 import run_message_pb2
 from scheduler import metrics
 from scheduler.backfill import TICK as BACKFILL_TICK
-from scheduler.backfill import BackfillDriver, CassandraBackfillStore
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.backfill import BackfillDriver
 from scheduler.errors import InvalidArgument, Unavailable
 from scheduler.fairness import UNLIMITED, TenantDirectory, TenantLimits, Throttle, Unlimited
-from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION, KafkaRunQueue
+from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION
 from scheduler.model import (
     MISFIRE_THRESHOLD,
     STALE_RUN,
@@ -46,7 +44,13 @@ from scheduler.model import (
     run_id_for,
 )
 from scheduler.overlap import OverlapAction, decide_overlap
-from scheduler.retries import HEARTBEAT_LEASE, START_LEASE, Failures, LeaseCheck
+from scheduler.retries import (
+    HEARTBEAT_LEASE,
+    START_LEASE,
+    DeadLetterPublisher,
+    Failures,
+    LeaseCheck,
+)
 from scheduler.slots import (
     MAX_ENUMERATED_MISSES,
     Slot,
@@ -55,12 +59,15 @@ from scheduler.slots import (
     plan_misfire,
     slots_between,
 )
+from scheduler.stores import RunQueue, RunStore, ScheduleStore, TimerStore
 from scheduler.timers import (
     BACKFILL,
+    DEAD_LETTER,
     FIRE,
     LEASE,
     RUN,
     BackfillTimer,
+    DeadLetterTimer,
     FireTimer,
     LeaseTimer,
     RunTimer,
@@ -314,12 +321,14 @@ class Firing:
     def __init__(
         self,
         *,
-        schedules: CassandraScheduleStore,
-        runs: CassandraRunStore,
-        timers: CassandraTimerStore,
-        queue: KafkaRunQueue,
+        schedules: ScheduleStore,
+        runs: RunStore,
+        timers: TimerStore,
+        queue: RunQueue,
+        backfills: BackfillDriver,
         topic: Callable[[str], str],
         failures: Failures,
+        dead_letters: DeadLetterPublisher,
         tenants: TenantDirectory | None = None,
         throttle: Throttle | None = None,
         misfire_threshold: timedelta = MISFIRE_THRESHOLD,
@@ -344,10 +353,8 @@ class Firing:
         self._tenants: TenantDirectory = tenants or Unlimited()
         self._throttle = throttle or Throttle()
         self._clock = clock
-        self._backfills = BackfillDriver(
-            store=CassandraBackfillStore(runs.session, keyspace=schedules.q.keyspace),
-            schedules=schedules,
-        )
+        self._backfills = backfills
+        self._dead_letters = dead_letters
 
     async def quarantine(self, timer: Timer, error: BaseException) -> None:
         """Sets aside a timer whose firing fails on its own (the scanner isolated it): stored
@@ -374,6 +381,7 @@ class Firing:
         run_timers: list[Timer] = []
         backfills: list[BackfillTimer] = []
         leases: list[LeaseTimer] = []
+        letters: list[DeadLetterTimer] = []
         for t in due:
             if t.kind == FIRE:
                 fires.append(FireTimer.from_timer(t))
@@ -385,10 +393,13 @@ class Firing:
                 backfills.append(BackfillTimer.from_timer(t))
             elif t.kind == LEASE:
                 leases.append(LeaseTimer.from_timer(t))
+            elif t.kind == DEAD_LETTER:
+                letters.append(DeadLetterTimer.from_timer(t))
             else:
                 logger.warning("ignoring timer of unknown kind %r (%s)", t.kind, t.timer_id)
         # Leases first: a lost attempt's retry is a run timer written now, fired later.
         await self._leases.check(leases)
+        await self._dead_letters.publish(letters)
         if not fires and not runs:
             await self._backfill_due(backfills)
             return
@@ -584,7 +595,7 @@ class Firing:
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
             by_topic.setdefault(self._topic(tier), []).append(self._message(s, r, lease_at))
         await asyncio.gather(
-            write_grouped(self._runs.session, items),
+            self._runs.write(items),
             *(self._queue.enqueue(topic, messages) for topic, messages in by_topic.items()),
         )
 

@@ -13,10 +13,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import Write
 from bucketer.model import micros
-from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.model import (
     STALE_RUN,
     FollowUp,
@@ -26,6 +24,7 @@ from scheduler.model import (
     run_id_for,
 )
 from scheduler.retries import FAILURES, Failures
+from scheduler.stores import RunStore, ScheduleStore, TimerStore
 from scheduler.timers import LeaseTimer, RunTimer
 
 logger = logging.getLogger(__name__)
@@ -46,9 +45,9 @@ class RunReports:
     def __init__(
         self,
         *,
-        schedules: CassandraScheduleStore,
-        runs: CassandraRunStore,
-        timers: CassandraTimerStore,
+        schedules: ScheduleStore,
+        runs: RunStore,
+        timers: TimerStore,
         failures: Failures,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -122,6 +121,11 @@ class RunReports:
                 continue
             done = {e.run_id for e in finished if e.schedule_id == sid}
             still = [r for r in s.in_progress(now, stale_after=STALE_RUN) if r not in done]
+            if still == [s.buffered.run_id]:
+                # Released already (its timer written, it marked in progress) by a report that
+                # died before clearing the buffer: only the clear is left to do.
+                to_clear.append((sid, s.buffered.to_json()))
+                continue
             if still:
                 continue
             timers.append(

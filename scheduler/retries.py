@@ -25,13 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from bucketer.cassandra import CassandraTimerStore
-from bucketer.cql import Write, write_grouped
+from bucketer.cql import Write
 from scheduler import metrics
-from scheduler.cassandra import MAX_ERROR_CHARS, CassandraRunStore, CassandraScheduleStore
-from scheduler.config import Config
-from scheduler.dead_letters import Attempt, CassandraDeadLetterStore, DeadLetter, history_of
-from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.cassandra import MAX_ERROR_CHARS
+from scheduler.dead_letters import Attempt, DeadLetter
+from scheduler.errors import NotFound
 from scheduler.model import (
     FollowUp,
     RetryPolicy,
@@ -41,7 +39,15 @@ from scheduler.model import (
     ScheduleState,
 )
 from scheduler.session import Stores
-from scheduler.timers import LeaseTimer, RunTimer
+from scheduler.stores import (
+    DeadLetterReader,
+    DeadLetterStore,
+    RunQueue,
+    RunStore,
+    ScheduleStore,
+    TimerStore,
+)
+from scheduler.timers import DeadLetterTimer, LeaseTimer, RunTimer
 
 logger = logging.getLogger(__name__)
 
@@ -80,32 +86,34 @@ def next_attempt_at(policy: RetryPolicy, e: RunEventRecord, now: datetime) -> da
     return now + min(wait, policy.max_backoff)
 
 
-class DeadLetterQueue:
-    """The dead-letter topic, produced to with a Kafka producer started on first use (an API
-    replica that never dead-letters anything never connects)."""
+class DeadLetterPublisher:
+    """The dispatcher's side of dead letters: produces those whose ``DeadLetterTimer`` is due
+    to the dead-letter topic (a read of each, with its failed attempts: never per firing)."""
 
     def __init__(
-        self, bootstrap: str, topic: str, queue: KafkaRunQueue | None = None, *, partitions: int
+        self, *, dead_letters: DeadLetterReader, runs: RunStore, queue: RunQueue, topic: str
     ) -> None:
-        self.topic = topic
-        self._bootstrap = bootstrap
-        self._partitions = partitions
+        self._dead_letters = dead_letters
+        self._runs = runs
         self._queue = queue
-        self._owned = False
-        self._lock = asyncio.Lock()
+        self.topic = topic
 
-    async def produce(self, letters: Sequence[DeadLetter]) -> None:
-        async with self._lock:
-            if self._queue is None:
-                await ensure_topics(self._bootstrap, [self.topic], partitions=self._partitions)
-                queue = KafkaRunQueue(self._bootstrap)
-                await queue.start()
-                self._queue, self._owned = queue, True
-        await self._queue.enqueue(self.topic, [d.to_proto() for d in letters])
+    async def publish(self, due: Sequence[DeadLetterTimer]) -> None:
+        """Produces every due dead letter; raises if any was not acknowledged, so the batch is
+        fired again (a repeat carries the same run id: consumers dedupe by it)."""
+        if not due:
+            return
 
-    async def stop(self) -> None:
-        if self._queue is not None and self._owned:
-            await self._queue.stop()
+        async def one(t: DeadLetterTimer) -> DeadLetter | None:
+            try:
+                history = await self._runs.attempts(t.run_id)
+                return await self._dead_letters.get(t.run_id, history)
+            except NotFound:
+                return None  # its schedule's row expired or was deleted: nothing to say
+
+        letters = [d for d in await asyncio.gather(*(one(t) for t in due)) if d is not None]
+        if letters:
+            await self._queue.enqueue(self.topic, [d.to_proto() for d in letters])
 
 
 class Failures:
@@ -114,39 +122,37 @@ class Failures:
     def __init__(
         self,
         *,
-        schedules: CassandraScheduleStore,
-        runs: CassandraRunStore,
-        timers: CassandraTimerStore,
-        dead_letters: CassandraDeadLetterStore,
-        queue: DeadLetterQueue,
+        schedules: ScheduleStore,
+        runs: RunStore,
+        timers: TimerStore,
+        dead_letters: DeadLetterStore,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._schedules = schedules
         self._runs = runs
         self._timers = timers
         self._dead_letters = dead_letters
-        self._queue = queue
         self._clock = clock
-
-    async def stop(self) -> None:
-        """Stops the dead-letter producer if this process started one."""
-        await self._queue.stop()
 
     async def handle(
         self,
         failed: Sequence[RunEventRecord],
         schedules: Mapping[str, Schedule] | None = None,
+        *,
+        also: Sequence[Write] = (),
     ) -> None:
         """Retries or dead-letters each failed attempt (all FAILED or TIMED_OUT); idempotent,
         so a repeated report repeats the same rows. ``schedules`` may hold what the caller read
         already. A failure of a deleted or cancelled schedule stays as recorded: nothing is to
         run for it any more."""
         if not failed:
+            if also:
+                await self._runs.write(also)
             return
         now = self._clock()
         if schedules is None:
             schedules = await self._schedules.get_many([e.schedule_id for e in failed])
-        items: list[Write] = self._runs.attempt_rows(failed)
+        items: list[Write] = [*also, *self._runs.attempt_rows(failed)]
         retries: list[RunTimer] = []
         hopeless: list[tuple[RunEventRecord, Schedule]] = []
         for e in failed:
@@ -172,15 +178,18 @@ class Failures:
             self._timers.rows([t.to_timer(self._timers.shard_count) for t in retries], now=now)
         )
         letters = await self._letters(hopeless, now)
+        publish: list[DeadLetterTimer] = []
         for (e, _s), d in zip(hopeless, letters, strict=True):
             items.append(self._runs.dead_letter_row(e))
             items.extend(self._dead_letters.rows(d))
-        # The rows and the messages go out together; if either fails the caller's report (or
-        # lease check) is retried and writes the same rows and messages again.
-        await asyncio.gather(
-            write_grouped(self._runs.session, items),
-            self._queue.produce(letters) if letters else asyncio.sleep(0),
+            publish.append(DeadLetterTimer(schedule_id=d.schedule_id, run_id=d.run_id, fire_at=now))
+        # A dispatcher produces the dead letters to their topic (DeadLetterPublisher): this
+        # path, run reporting included, never waits on Kafka. If the write fails, the caller's
+        # report (or lease check) is retried and writes the same rows again.
+        items.extend(
+            self._timers.rows([t.to_timer(self._timers.shard_count) for t in publish], now=now)
         )
+        await self._runs.write(items)
         for d in letters:
             metrics.RUNS_DEAD_LETTERED.labels(tier="standard").inc()
             logger.warning(
@@ -198,7 +207,7 @@ class Failures:
         (read from ``run_attempts``: one read per dead letter, never per firing)."""
 
         async def one(e: RunEventRecord, s: Schedule) -> DeadLetter:
-            earlier = history_of(await self._runs.attempts(e.run_id))
+            earlier = await self._runs.attempts(e.run_id)
             last = Attempt(
                 attempt=e.attempt,
                 status=e.status or RunStatus.FAILED,
@@ -233,8 +242,8 @@ class LeaseCheck:
     def __init__(
         self,
         *,
-        runs: CassandraRunStore,
-        timers: CassandraTimerStore,
+        runs: RunStore,
+        timers: TimerStore,
         failures: Failures,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -300,24 +309,17 @@ class LeaseCheck:
         if rearm:
             await self._timers.put([t.to_timer(self._timers.shard_count) for t in rearm], now=now)
         if lost:
-            # The outcome first (a stale report of the same attempt can no longer win), then
-            # the retry or dead letter.
-            await self._runs.record_events(lost, now=now)
-            await self._failures.handle(lost)
+            # The outcome, and the retry or the dead letter, in one grouped write: were the
+            # outcome written alone and the rest to fail, the lease (handed again) would find
+            # the attempt finished and the run would never be retried.
+            await self._failures.handle(lost, also=self._runs.event_rows(lost, now=now))
 
 
-def failures_of(stores: Stores, config: Config, queue: KafkaRunQueue | None = None) -> Failures:
-    """The ``Failures`` of a process: its stores, and the dead-letter topic produced to with
-    ``queue`` (a dispatcher's producer) or a producer of its own started on first use."""
+def failures_of(stores: Stores) -> Failures:
+    """The ``Failures`` of a process, on its stores."""
     return Failures(
         schedules=stores.schedules,
         runs=stores.runs,
         timers=stores.timers,
         dead_letters=stores.dead_letters,
-        queue=DeadLetterQueue(
-            config.kafka_bootstrap,
-            config.dead_letter_topic(),
-            queue,
-            partitions=config.topic_partitions,
-        ),
     )

@@ -23,6 +23,7 @@ FIRE = "fire"
 RUN = "run"
 BACKFILL = "backfill"
 LEASE = "lease"
+DEAD_LETTER = "dlq"
 _VERSION = 1
 
 
@@ -173,6 +174,33 @@ class LeaseTimer:
 
 
 _LEASE_MARK = "#lease"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetterTimer:
+    """A dead letter to publish on the dead-letter topic: written with the dead letter's rows
+    by whoever dead-lettered the run (the API, or a dispatcher's lease check), fired by a
+    dispatcher, which produces it. So no API replica talks to Kafka, and a Kafka outage only
+    delays the message: the timer is fired again until the produce succeeds."""
+
+    schedule_id: str
+    run_id: str
+    fire_at: datetime
+
+    def to_timer(self, shard_count: int) -> Timer:
+        return _timer(
+            DEAD_LETTER,
+            self.schedule_id,
+            f"{self.run_id}#dlq",
+            self.fire_at,
+            {"v": _VERSION, "run": self.run_id},
+            shard_count,
+        )
+
+    @classmethod
+    def from_timer(cls, timer: Timer) -> DeadLetterTimer:
+        doc = _load(timer)
+        return cls(schedule_id=timer.key, run_id=doc["run"], fire_at=timer.fire_time)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,6 @@ from cronscale.v1 import schedule_pb2
 from scheduler.api.convert import from_ts, run_to_proto
 from scheduler.api.schedules import _id, _page_size
 from scheduler.api.status import Context, grpc_errors
-from scheduler.dead_letters import history_of
 from scheduler.errors import InvalidArgument
 from scheduler.lifecycle import Lifecycle
 from scheduler.model import parse_run_id, validate_schedule_id
@@ -50,7 +49,7 @@ class DeadLetterServicer(dl_grpc.DeadLetterServiceServicer):
         self, request: dl_pb2.GetDeadLetterRequest, context: Context
     ) -> dl_pb2.DeadLetter:
         run_id = _run_id(request.run_id)
-        history = history_of(await self._svc.runs.attempts(run_id))
+        history = await self._svc.runs.attempts(run_id)
         return (await self._svc.dead_letters.get(run_id, history)).to_proto()
 
     @grpc_errors

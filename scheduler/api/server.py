@@ -56,7 +56,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         dead_letter_service_pb2_grpc.add_DeadLetterServiceServicer_to_server(
             DeadLetterServicer(service), server
         )
-        failures = failures_of(stores, config)
+        failures = failures_of(stores)
         reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
         run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
             RunReportingServicer(reports), server
@@ -98,7 +98,6 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         probing.cancel()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
-        await failures.stop()
     finally:
         stores.close()
         logger.info("api stopped")

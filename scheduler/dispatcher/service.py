@@ -9,11 +9,12 @@ from datetime import timedelta
 
 from bucketer.wheel import TimerWheel
 from scheduler import metrics
+from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.repair import RepairSweep
-from scheduler.retries import failures_of
+from scheduler.retries import DeadLetterPublisher, failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
 
@@ -42,8 +43,18 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 runs=runs,
                 timers=timers,
                 queue=queue,
+                backfills=BackfillDriver(
+                    store=CassandraBackfillStore(stores.session, keyspace=config.keyspace),
+                    schedules=schedules,
+                ),
                 topic=config.topic,
-                failures=failures_of(stores, config, queue),
+                failures=failures_of(stores),
+                dead_letters=DeadLetterPublisher(
+                    dead_letters=stores.dead_letters,
+                    runs=runs,
+                    queue=queue,
+                    topic=config.dead_letter_topic(),
+                ),
                 misfire_threshold=timedelta(seconds=config.misfire_threshold_s),
                 start_lease=timedelta(seconds=config.run_lease_s),
                 heartbeat_lease=timedelta(seconds=config.heartbeat_lease_s),

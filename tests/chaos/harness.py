@@ -645,6 +645,11 @@ def run_chaos(options: ChaosOptions) -> Report:
             "CRONSCALE_KAFKA_BOOTSTRAP": config.kafka_bootstrap,
             # The product's default, not the e2e tests' 3 s.
             "CRONSCALE_MISFIRE_THRESHOLD": "30",
+            # Leases short enough to be exercised in a few minutes (a hanging handler, a worker
+            # killed mid-run), long enough that a Kafka restart's backlog (~40 s of lag) is not
+            # taken for lost runs (the e2e tests' 10 s would double every run it delays).
+            "CRONSCALE_RUN_LEASE": "90",
+            "CRONSCALE_HEARTBEAT_LEASE": "20",
         }
         fleet = start_fleet(config, logs, options, env)
         planned = plan_schedules(options, rng)
@@ -687,7 +692,14 @@ def run_chaos(options: ChaosOptions) -> Report:
             options.stuck_bound_s + 5,
         )
         runs = read_runs(fleet, planned)
+        # The last slots' retries may still be under way: wait until the DLQ stops growing.
         letters = read_dead_letters(fleet, planned)
+        for _ in range(12):
+            time.sleep(5)
+            again = read_dead_letters(fleet, planned)
+            if len(again) == len(letters):
+                break
+            letters = again
         executions, bad = read_executions(exec_dir)
         report = build_report(
             schedules=planned,
