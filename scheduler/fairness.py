@@ -18,10 +18,13 @@ no read per firing); a tenant it does not know is unlimited, on the default tier
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIER = "standard"
 
@@ -92,3 +95,39 @@ class Throttle:
         b.stamp = now
         b.tokens -= 1.0
         return 0.0 if b.tokens >= 0.0 else -b.tokens / rate
+
+
+class CachedDirectory:
+    """A ``TenantDirectory`` over a slower source (the tenants table), each tenant's limits
+    kept ``ttl`` seconds: a dispatcher asks the source at most once per tenant per ``ttl``,
+    never per firing. A source that fails leaves the last known limits in force (or none)."""
+
+    def __init__(
+        self,
+        fetch: Callable[[Collection[str]], Awaitable[Mapping[str, TenantLimits]]],
+        *,
+        ttl: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self._ttl = ttl
+        self._clock = clock
+        self._known: dict[str, tuple[float, TenantLimits | None]] = {}
+
+    async def limits(self, tenants: Collection[str]) -> Mapping[str, TenantLimits]:
+        now = self._clock()
+        stale = [t for t in tenants if t not in self._known or self._known[t][0] <= now]
+        if stale:
+            try:
+                fresh = await self._fetch(stale)
+            except Exception:
+                logger.warning("reading tenant limits failed; keeping the last known")
+            else:
+                for t in stale:
+                    self._known[t] = (now + self._ttl, fresh.get(t))
+        out: dict[str, TenantLimits] = {}
+        for t in tenants:
+            known = self._known.get(t)
+            if known is not None and known[1] is not None:
+                out[t] = known[1]
+        return out

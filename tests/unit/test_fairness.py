@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.fairness import TenantLimits, Throttle
+from collections.abc import Collection, Mapping
+
+from scheduler.fairness import CachedDirectory, TenantLimits, Throttle
 
 
 class Clock:
@@ -43,3 +45,29 @@ def test_a_dispatcher_enforces_its_share_of_the_rate() -> None:
     clock.t += 1.0
     # The next second's worth is 25 tokens, all booked already by the deferred ones.
     assert throttle.admit("t", limits) > 0.0
+
+
+async def test_the_directory_cache_asks_the_source_once_per_tenant_per_ttl() -> None:
+    clock = Clock()
+    asked: list[list[str]] = []
+    table = {"a": TenantLimits(tier="premium", enqueue_rate=5.0)}
+    failing = False
+
+    async def fetch(tenants: Collection[str]) -> Mapping[str, TenantLimits]:
+        if failing:
+            raise ConnectionError("Cassandra away")
+        asked.append(sorted(tenants))
+        return {t: table[t] for t in tenants if t in table}
+
+    directory = CachedDirectory(fetch, ttl=10.0, clock=clock)
+    assert await directory.limits({"a", "b"}) == {"a": table["a"]}
+    assert await directory.limits({"a", "b"}) == {"a": table["a"]}
+    assert asked == [["a", "b"]]
+    clock.t += 11
+    failing = True
+    # The source is away: the last known limits stay in force.
+    assert await directory.limits({"a"}) == {"a": table["a"]}
+    failing = False
+    table["a"] = TenantLimits(tier="free", enqueue_rate=1.0)
+    clock.t += 11
+    assert (await directory.limits({"a"}))["a"].tier == "free"
