@@ -16,6 +16,7 @@ from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.errors import FailedPrecondition
+from scheduler.tenants import CassandraTenantStore
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class Stores:
     schedules: CassandraScheduleStore
     runs: CassandraRunStore
     dead_letters: CassandraDeadLetterStore
+    tenants: CassandraTenantStore
 
     def close(self) -> None:
         self.session.cluster.shutdown()
@@ -82,6 +84,7 @@ async def open_stores(config: Config) -> Stores:
         schedules=schedules,
         runs=CassandraRunStore(session, schedules),
         dead_letters=CassandraDeadLetterStore(session, keyspace=config.keyspace),
+        tenants=CassandraTenantStore(session, keyspace=config.keyspace),
     )
 
 

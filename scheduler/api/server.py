@@ -17,11 +17,14 @@ from cronscale.v1 import (
     run_reporting_service_pb2_grpc,
     scheduler_service_pb2,
     scheduler_service_pb2_grpc,
+    tenant_service_pb2,
+    tenant_service_pb2_grpc,
 )
 from scheduler import metrics
 from scheduler.api.dead_letters import DeadLetterServicer
 from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
+from scheduler.api.tenants import TenantServicer
 from scheduler.config import Config
 from scheduler.health import Readiness
 from scheduler.reports import RunReports
@@ -35,6 +38,7 @@ SERVICE_NAMES = (
     scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
     run_reporting_service_pb2.DESCRIPTOR.services_by_name["RunReportingService"].full_name,
     dead_letter_service_pb2.DESCRIPTOR.services_by_name["DeadLetterService"].full_name,
+    tenant_service_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name,
 )
 
 
@@ -55,6 +59,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         )
         dead_letter_service_pb2_grpc.add_DeadLetterServiceServicer_to_server(
             DeadLetterServicer(service), server
+        )
+        tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(
+            TenantServicer(stores.tenants, config.tiers), server
         )
         failures = failures_of(stores)
         reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from scheduler.cli import backfills, dead_letters, lifecycle, processes, schedules
+from scheduler.cli import backfills, dead_letters, lifecycle, processes, schedules, tenants
 from scheduler.cli import preview as preview_cmd
 from scheduler.cli.build import (
     MISFIRES,
@@ -375,8 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     # backfill ...
     backfills.add_backfill_commands(commands, [api], _parser, _rpc)
 
-    # dlq ...
+    # dlq ..., tenant ...
     dead_letters.add_commands(commands, [api], _parser, _rpc, _add_page_options)
+    tenants.add_commands(commands, [api], _parser, _rpc)
 
     # local ..., db ...
     local = _parser(commands, "local", "the local Cassandra + Kafka for development")
