@@ -59,6 +59,10 @@ class HandlerContext:
     heartbeat: Callable[[], Awaitable[None]] = _no_heartbeat
     handler: str = ""
     manual: bool = False
+    # When the dispatcher enqueued this delivery (None if the message did not say). Two calls
+    # for one run_id and attempt with the same enqueue_time are one message delivered twice;
+    # different ones are the run fired twice (see docs/concepts/delivery.md).
+    enqueue_time: datetime | None = None
 
     def json(self) -> Any:
         """The payload decoded as JSON; ``None`` for an empty payload.

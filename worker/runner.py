@@ -234,6 +234,7 @@ class Runner:
             heartbeat=heartbeat,
             handler=task.handler,
             manual=task.manual,
+            enqueue_time=task.enqueue_time,
         )
 
     async def _call(

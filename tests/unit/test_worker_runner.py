@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -138,11 +139,13 @@ async def test_context_heartbeat_sends_heartbeat_events() -> None:
         await ctx.heartbeat()  # coalesced: less than a second after the first
 
     registry.register("beating", beating)
-    await runner.run(task("beating", b'{"k": 1}'))
+    enqueued = datetime.now(UTC) - timedelta(seconds=1)
+    await runner.run(replace(task("beating", b'{"k": 1}'), enqueue_time=enqueued))
     assert reporter.kinds() == ["STARTED", "HEARTBEAT", "SUCCEEDED"]
     ctx = seen[0]
     assert (ctx.run_id, ctx.schedule_id, ctx.tenant, ctx.attempt) == ("run-1", "sched-1", "acme", 3)
     assert ctx.json() == {"k": 1}
+    assert ctx.enqueue_time == enqueued
 
 
 async def test_long_runs_heartbeat_on_their_own() -> None:
