@@ -7,12 +7,18 @@ an in-process gRPC server implementing our own RunReportingService contract, rec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -27,6 +33,8 @@ from worker.builtin import register_builtins
 from worker.config import WorkerConfig
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.main import run_worker
+from worker.offsets import decode_finished
+from worker.runner import CANCEL_GRACE
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +42,7 @@ BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP") or (
     f"127.0.0.1:{os.environ.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}"
 )
 PARTITIONS = 3
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Recorder(pb_grpc.RunReportingServiceServicer):
@@ -122,7 +131,9 @@ async def config() -> AsyncIterator[WorkerConfig]:
         await admin.close()
 
 
-def _message(run_id: str, handler: str, payload: object = None) -> bytes:
+def _message(
+    run_id: str, handler: str, payload: object = None, max_runtime: float | None = None
+) -> bytes:
     msg = run_message_pb2.RunMessage(
         schema_version=1,
         run_id=run_id,
@@ -134,15 +145,25 @@ def _message(run_id: str, handler: str, payload: object = None) -> bytes:
     )
     msg.scheduled_for.FromDatetime(datetime.now(UTC))
     msg.enqueue_time.FromDatetime(datetime.now(UTC))
+    if max_runtime is not None:
+        msg.max_runtime.FromNanoseconds(round(max_runtime * 1e9))
     return msg.SerializeToString()
 
 
-async def _produce(topic: str, messages: list[tuple[str, bytes]]) -> None:
+async def _produce(
+    topic: str,
+    messages: list[tuple[str, bytes]],
+    *,
+    partition: int | None = None,
+    timestamp_ms: int | None = None,
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
     await producer.start()
     try:
         for run_id, value in messages:
-            await producer.send(topic, value, key=run_id.encode())
+            await producer.send(
+                topic, value, key=run_id.encode(), partition=partition, timestamp_ms=timestamp_ms
+            )
         await producer.flush()
     finally:
         await producer.stop()
@@ -159,13 +180,22 @@ async def _end_offsets(topic: str) -> dict[TopicPartition, int]:
 
 
 async def _committed(group: str, topic: str) -> dict[TopicPartition, int]:
+    return {tp: offset for tp, (offset, _) in (await _commits(group, topic)).items()}
+
+
+async def _commits(group: str, topic: str) -> dict[TopicPartition, tuple[int, list[int]]]:
+    """Each partition's committed offset and the finished offsets its metadata names."""
     admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(group)
     finally:
         await admin.close()
-    return {tp: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+    return {
+        tp: (meta.offset, decode_finished(meta.offset, meta.metadata))
+        for tp, meta in offsets.items()
+        if tp.topic == topic
+    }
 
 
 async def _until(
@@ -282,3 +312,249 @@ async def test_outcomes_wait_for_the_api_and_offsets_wait_for_the_ack(
     for run_id in run_ids:
         assert recorder.kinds(run_id) == ["STARTED", "SUCCEEDED"]
     assert await _committed(config.group_id, config.topic) == end
+
+
+def _counting_registry(ran: list[str], *, block: asyncio.Event | None = None) -> HandlerRegistry:
+    """``echo`` and ``sleep`` that record each run_id they execute; ``sleep`` waits for
+    ``block`` when given (else returns at once)."""
+    registry = HandlerRegistry()
+
+    async def echo(ctx: HandlerContext) -> None:
+        ran.append(ctx.run_id)
+
+    async def sleep(ctx: HandlerContext) -> None:
+        ran.append(ctx.run_id)
+        if block is not None:
+            await block.wait()
+
+    registry.register("echo", echo)
+    registry.register("sleep", sleep)
+    return registry
+
+
+def _start_worker_process(
+    config: WorkerConfig, instance_id: str, log: Path
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "CRONSCALE_KAFKA_BOOTSTRAP": BOOTSTRAP,
+        "CRONSCALE_TOPIC_PREFIX": config.topic_prefix,
+        "CRONSCALE_API": config.api_target,
+        "CRONSCALE_INSTANCE_ID": instance_id,
+        "CRONSCALE_WORKER_SHUTDOWN_GRACE": str(config.shutdown_grace),
+        "PYTHONPATH": str(REPO),
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "scheduler.cli", "worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+
+@pytest.mark.timeout(180)
+async def test_a_killed_workers_successor_runs_only_what_was_left_unfinished(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """A long run pins its partition's commit point; the ten runs after it finish. The worker
+    is SIGKILLed: its successor runs the long one again, and none of the ten."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    blocker = "kill-block"
+    oks = [f"kill-ok-{i}" for i in range(10)]
+    await _produce(
+        config.topic,
+        [
+            (blocker, _message(blocker, "sleep", {"seconds": 3600})),
+            *[(r, _message(r, "echo")) for r in oks],
+        ],
+        partition=0,
+    )
+    tp = TopicPartition(config.topic, 0)
+    victim = _start_worker_process(config, "it-victim", tmp_path / "victim.log")
+    try:
+        await _until(lambda: recorder.finished() >= set(oks), 60, "the victim's 10 outcomes")
+
+        async def pinned() -> bool:
+            commit = (await _commits(config.group_id, config.topic)).get(tp)
+            return commit is not None and commit == (0, list(range(1, 11)))
+
+        await _until(pinned, 15, "a commit at the long run naming the 10 finished after it")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+    ran: list[str] = []
+    stop = asyncio.Event()
+    successor = asyncio.create_task(
+        run_worker(
+            dataclasses.replace(config, instance_id="it-successor"), stop, _counting_registry(ran)
+        )
+    )
+    try:
+        await _until(lambda: blocker in ran, 60, "the successor to run the unfinished one")
+        await _until(lambda: _committed_equals_end(config), 15, "offsets committed to the end")
+    finally:
+        stop.set()
+        await asyncio.wait_for(successor, 30)
+        await server.stop(None)
+    assert ran == [blocker], "only the unfinished run may run again"
+
+
+@pytest.mark.timeout(180)
+async def test_a_rebalance_hands_runs_in_progress_over_instead_of_running_them_twice(
+    config: WorkerConfig,
+) -> None:
+    """Worker A holds a long run in every partition (and has finished five after each) when
+    worker B joins. The partitions B takes are handed over: A finishes its long runs, B runs
+    only what arrives after; nothing runs twice."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    blockers = {f"rb-block-{p}" for p in range(PARTITIONS)}
+    oks = {f"rb-ok-{p}-{i}" for p in range(PARTITIONS) for i in range(5)}
+    for p in range(PARTITIONS):
+        await _produce(
+            config.topic,
+            [(f"rb-block-{p}", _message(f"rb-block-{p}", "sleep"))]
+            + [(f"rb-ok-{p}-{i}", _message(f"rb-ok-{p}-{i}", "echo")) for i in range(5)],
+            partition=p,
+        )
+    release = asyncio.Event()
+    ran_a: list[str] = []
+    ran_b: list[str] = []
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    # Instance ids sort B before A, so the round-robin assignor moves partitions to B.
+    config_a = dataclasses.replace(config, instance_id="it-z", revoke_grace=0.5)
+    config_b = dataclasses.replace(config, instance_id="it-b", revoke_grace=0.5)
+    a = asyncio.create_task(run_worker(config_a, stop_a, _counting_registry(ran_a, block=release)))
+    b: asyncio.Task[None] | None = None
+    try:
+        await _until(lambda: recorder.finished() >= oks, 60, "A's first outcomes")
+        assert sorted(ran_a) == sorted(oks | blockers)
+        b = asyncio.create_task(run_worker(config_b, stop_b, _counting_registry(ran_b)))
+        # Markers sent until B runs one: then the group has settled with B in it.
+        markers: set[str] = set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not any(r.startswith("rb-mark") for r in ran_b):
+            if loop.time() > deadline:
+                pytest.fail("B never got a partition")
+            for p in range(PARTITIONS):
+                marker = f"rb-mark-{p}-{len(markers)}"
+                markers.add(marker)
+                await _produce(config.topic, [(marker, _message(marker, "echo"))], partition=p)
+            await asyncio.sleep(1.0)
+        release.set()
+        everything = oks | blockers | markers
+        await _until(lambda: recorder.finished() >= everything, 30, "every outcome")
+        await _until(lambda: _committed_equals_end(config), 15, "offsets committed to the end")
+    finally:
+        release.set()
+        stop_a.set()
+        stop_b.set()
+        await asyncio.wait_for(a, 30)
+        if b is not None:
+            await asyncio.wait_for(b, 30)
+        await server.stop(None)
+    executions = ran_a + ran_b
+    assert sorted(executions) == sorted(everything), "every run exactly once"
+    assert not (set(ran_b) & (oks | blockers)), "B ran nothing A had started"
+
+
+@pytest.mark.timeout(120)
+async def test_a_new_group_starts_its_lookback_back_not_at_the_start_of_the_retention(
+    config: WorkerConfig,
+) -> None:
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    two_hours_ago = int((time.time() - 7200) * 1000)
+    await _produce(
+        config.topic,
+        [("old-0", _message("old-0", "echo"))],
+        partition=0,
+        timestamp_ms=two_hours_ago,
+    )
+    await _produce(config.topic, [("new-0", _message("new-0", "echo"))], partition=0)
+    # Partition 1 holds only an old message: the worker starts at its end.
+    await _produce(
+        config.topic,
+        [("old-1", _message("old-1", "echo"))],
+        partition=1,
+        timestamp_ms=two_hours_ago,
+    )
+    ran: list[str] = []
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(
+            dataclasses.replace(config, new_group_lookback=3600), stop, _counting_registry(ran)
+        )
+    )
+    try:
+        await _until(lambda: "new-0" in ran, 60, "the recent message to run")
+        # Nothing is lost at the end it started from: a message sent now runs.
+        await _produce(config.topic, [("late-1", _message("late-1", "echo"))], partition=1)
+        await _until(lambda: "late-1" in ran, 30, "a message sent after the start to run")
+        await _until(lambda: _committed_equals_end(config), 15, "offsets committed to the end")
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        await server.stop(None)
+    assert sorted(ran) == ["late-1", "new-0"], "messages older than the lookback are not run"
+
+
+@pytest.mark.timeout(120)
+async def test_a_handler_that_ignores_its_cancellation_neither_pins_its_offset_nor_holds_shutdown(
+    config: WorkerConfig,
+) -> None:
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    quit_now = asyncio.Event()
+
+    async def stubborn(ctx: HandlerContext) -> None:
+        while not quit_now.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue  # swallows every cancellation
+
+    registry = HandlerRegistry()
+    register_builtins(registry)
+    registry.register("stubborn", stubborn)
+    oks = [f"after-{i}" for i in range(3)]
+    await _produce(
+        config.topic,
+        [("stubborn-0", _message("stubborn-0", "stubborn", max_runtime=0.2))]
+        + [(r, _message(r, "echo")) for r in oks],
+        partition=0,
+    )
+    config = dataclasses.replace(config, shutdown_grace=0.5)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(config, stop, registry))
+    try:
+        await _until(
+            lambda: recorder.kinds("stubborn-0")[-1:] == ["TIMED_OUT"], 30, "stubborn-0 TIMED_OUT"
+        )
+        await _until(lambda: recorder.finished() >= set(oks), 10, "the runs after it")
+        await _until(lambda: _committed_equals_end(config), 15, "its offset not pinned")
+        # Another stubborn run is in progress when the worker is told to stop.
+        await _produce(
+            config.topic,
+            [("stubborn-1", _message("stubborn-1", "stubborn", max_runtime=600))],
+            partition=0,
+        )
+        await _until(lambda: recorder.kinds("stubborn-1") == ["STARTED"], 30, "stubborn-1 STARTED")
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        # The grace, then the runner's CANCEL_GRACE for the handler to stop, then it gives up.
+        assert loop.time() - t0 < config.shutdown_grace + CANCEL_GRACE + 3
+    finally:
+        quit_now.set()
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        await server.stop(None)
+    # Cancelled by the shutdown, not finished: not committed, so it is delivered again.
+    assert await _committed(config.group_id, config.topic) == {TopicPartition(config.topic, 0): 4}
+    assert recorder.kinds("stubborn-1") == ["STARTED"]
