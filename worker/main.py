@@ -55,6 +55,7 @@ async def run_worker(
             tier=config.tier,
             default_timeout=config.default_timeout,
             heartbeat_interval=config.heartbeat_interval,
+            sync_threads=config.sync_threads,
         )
         await KafkaRunConsumer(config, runner).run(stop)
     finally:

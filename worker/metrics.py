@@ -62,6 +62,22 @@ RUNS_HANDED_OVER = Counter(
     ["tier"],
 )
 
+SYNC_THREADS_BUSY = Gauge(
+    "cronscale_worker_sync_threads_busy",
+    "Threads of the sync-handler pool running a handler (abandoned ones included).",
+    ["tier"],
+)
+SYNC_THREADS_ABANDONED = Gauge(
+    "cronscale_worker_sync_threads_overrunning",
+    "Sync handlers past their timeout or cancelled, still running in their thread.",
+    ["tier"],
+)
+SYNC_THREADS_ABANDONED_TOTAL = Counter(
+    "cronscale_worker_sync_threads_abandoned_total",
+    "Sync handlers given up on (timed out or cancelled) while their thread still ran.",
+    ["tier"],
+)
+
 
 def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
     """Serves ``/metrics`` on ``addr``:``port`` (in a daemon thread); port 0 does nothing.

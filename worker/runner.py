@@ -19,6 +19,7 @@ from worker import metrics
 from worker.errors import NonRetryable, RetryAfter, UnknownHandler
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.messages import RunTask
+from worker.threads import SyncThreads
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,11 @@ class Runner:
         tier: str = "standard",
         default_timeout: float = 300.0,
         heartbeat_interval: float = 10.0,
+        sync_threads: int = 16,
     ) -> None:
         self._registry = registry
+        # Plain (sync) handlers run here, not on asyncio's shared default executor.
+        self.threads = SyncThreads(sync_threads, tier=tier)
         self._reporter = reporter
         self._worker_id = worker_id
         self._tier = tier
@@ -143,7 +147,7 @@ class Runner:
         try:
             await asyncio.sleep(0)  # let the STARTED event reach the reporter first
             try:
-                fn = self._registry.get(task.handler)
+                fn = self._registry.get(task.handler, self.threads)
             except UnknownHandler as e:
                 error = str(e)
             else:

@@ -333,7 +333,7 @@ def _counting_registry(ran: list[str], *, block: asyncio.Event | None = None) ->
 
 
 def _start_worker_process(
-    config: WorkerConfig, instance_id: str, log: Path
+    config: WorkerConfig, instance_id: str, log: Path, *imports: str
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -346,7 +346,7 @@ def _start_worker_process(
     }
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "scheduler.cli", "worker"],
+            [sys.executable, "-m", "scheduler.cli", "worker", *(f"--import={m}" for m in imports)],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -558,3 +558,37 @@ async def test_a_handler_that_ignores_its_cancellation_neither_pins_its_offset_n
     # Cancelled by the shutdown, not finished: not committed, so it is delivered again.
     assert await _committed(config.group_id, config.topic) == {TopicPartition(config.topic, 0): 4}
     assert recorder.kinds("stubborn-1") == ["STARTED"]
+
+
+@pytest.mark.timeout(120)
+async def test_a_sync_handler_that_never_returns_does_not_keep_the_worker_from_exiting(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """SIGTERM with a plain handler stuck in its thread: the worker drains and exits anyway,
+    and the run's message stays uncommitted (delivered again)."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    await _produce(
+        config.topic,
+        [("sync-0", _message("sync-0", "it.sync_forever", max_runtime=600))],
+        partition=0,
+    )
+    config = dataclasses.replace(config, shutdown_grace=0.5)
+    log = tmp_path / "worker.log"
+    proc = _start_worker_process(config, "it-sync", log, "tests.integration.worker_handlers")
+    try:
+        await _until(lambda: recorder.kinds("sync-0") == ["STARTED"], 60, "sync-0 STARTED")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.to_thread(proc.wait, 20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not exit 20 s after SIGTERM:\n{log.read_text()[-3000:]}")
+        assert code == 0, log.read_text()[-3000:]
+        assert time.monotonic() - t0 < config.shutdown_grace + 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        await server.stop(None)
+    assert await _committed(config.group_id, config.topic) == {}
