@@ -47,6 +47,9 @@ _LOOKUP_TIMEOUT = 10.0
 _LOOKUP_ATTEMPTS = 3
 # How many finished (partition, offset) pairs are remembered against a re-fetch.
 RECENTLY_DONE = 100_000
+# How many (run_id, attempt) pairs started here are remembered against a second message of the
+# same attempt (a producer's retry, a dispatcher's refire).
+RECENT_RUNS = 100_000
 _START_BACKOFF_MAX = 10.0
 
 
@@ -73,6 +76,13 @@ class KafkaRunConsumer:
         # offset, and what is still running or just finished must not run twice.
         self._running: set[tuple[TopicPartition, int]] = set()
         self._recently_done: collections.OrderedDict[tuple[TopicPartition, int], None] = (
+            collections.OrderedDict()
+        )
+        # (run_id, attempt) of the runs started here lately: one attempt is one execution, so a
+        # second message for it (the producer wrote the batch twice after a timeout, or the
+        # dispatcher fired it again) is not run again. Such copies share the partition (the
+        # message key), so they reach the worker that ran the first.
+        self._recent_runs: collections.OrderedDict[tuple[str, int], None] = (
             collections.OrderedDict()
         )
 
@@ -198,6 +208,24 @@ class KafkaRunConsumer:
             )
             self._tracker.complete(tp, message.offset)
             return
+        run = (task.run_id, task.attempt)
+        if run in self._recent_runs:
+            # Its first message holds the commit point until that run is done (it came first).
+            metrics.MESSAGES_SKIPPED.labels(self._config.tier, "duplicate_run").inc()
+            logger.info(
+                "skipping %s[%d]@%d: run %s attempt %d already ran here",
+                tp.topic,
+                tp.partition,
+                message.offset,
+                task.run_id,
+                task.attempt,
+                extra={**where, "run_id": task.run_id, "schedule_id": task.schedule_id},
+            )
+            self._tracker.complete(tp, message.offset)
+            return
+        self._recent_runs[run] = None
+        if len(self._recent_runs) > RECENT_RUNS:
+            self._recent_runs.popitem(last=False)
         self._spawn(tp, message.offset, lambda release: self._runner.run(task, release))
 
     async def _refuse(self, task: RunTask, reason: str, release: Callable[[], None]) -> None:

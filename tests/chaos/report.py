@@ -148,9 +148,10 @@ class Report:
     duration_s: float
     dlq: DlqCheck
     notes: list[str] = field(default_factory=list)
-    # Duplicate executions by what caused them: "message redelivered" (the same Kafka message
-    # run again: the worker side), "run fired again" (a second message: the dispatcher side),
-    # the former split by whether the same worker process ran it again.
+    # Duplicate executions by what caused them: "same message again" (the same enqueue time: one
+    # Kafka record delivered again, or a producer's retry that wrote the record twice), "run
+    # fired again" (a new enqueue time: the dispatcher side), the former split by whether the
+    # same worker process ran it again.
     duplicates_by_cause: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -376,7 +377,7 @@ def _cause(again: Execution, earlier: list[Execution]) -> str:
     if not same:
         return "run fired again"
     where = "same worker" if any(e.pid == again.pid for e in same) else "another worker"
-    return f"message redelivered ({where})"
+    return f"same message again ({where})"
 
 
 def in_fault(t: float, faults: Iterable[FaultWindow], grace_s: float) -> bool:

@@ -146,9 +146,9 @@ def test_duplicates_are_told_apart_by_their_message() -> None:
     )
     assert report.duplicate_executions == 4
     assert report.duplicates_by_cause == {
-        "message redelivered (same worker)": 1,
-        "message redelivered (another worker)": 1,
+        "same message again (same worker)": 1,
+        "same message again (another worker)": 1,
         "run fired again": 1,
         "unknown": 1,
     }
-    assert "message redelivered (another worker) 1" in report.render()
+    assert "same message again (another worker) 1" in report.render()

@@ -592,3 +592,44 @@ async def test_a_sync_handler_that_never_returns_does_not_keep_the_worker_from_e
             proc.wait(10)
         await server.stop(None)
     assert await _committed(config.group_id, config.topic) == {}
+
+
+@pytest.mark.timeout(120)
+async def test_a_second_message_for_an_attempt_already_run_is_not_run_again(
+    config: WorkerConfig,
+) -> None:
+    """A producer that retried after a timeout wrote the same message twice, and a dispatcher
+    fired the run again: one attempt runs once. The next attempt of the run does run."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    first = _message("dup-0", "echo")
+    refired = _message("dup-0", "echo")  # a new enqueue_time
+    retry = run_message_pb2.RunMessage.FromString(first)
+    retry.attempt = 2
+    await _produce(
+        config.topic,
+        [
+            ("dup-0", first),
+            ("dup-0", first),
+            ("dup-0", refired),
+            ("dup-0", retry.SerializeToString()),
+        ],
+        partition=0,
+    )
+    ran: list[tuple[str, int]] = []
+    registry = HandlerRegistry()
+
+    async def echo(ctx: HandlerContext) -> None:
+        ran.append((ctx.run_id, ctx.attempt))
+
+    registry.register("echo", echo)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(config, stop, registry))
+    try:
+        await _until(lambda: ("dup-0", 2) in ran, 60, "the second attempt to run")
+        await _until(lambda: _committed_equals_end(config), 15, "offsets committed to the end")
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        await server.stop(None)
+    assert ran == [("dup-0", 1), ("dup-0", 2)]
