@@ -161,6 +161,10 @@ class KafkaRunConsumer:
             else:
                 self._resume(consumer)
                 records = await consumer.getmany(timeout_ms=_POLL_MS, max_records=free)
+            if stop.is_set():
+                # Told to stop while fetching: what came back is not started (nor committed),
+                # another worker runs it.
+                break
             for tp, messages in records.items():
                 for message in messages:
                     self._dispatch(tp, message)

@@ -45,6 +45,11 @@ REPORT_RETRIES = Counter(
     ["tier"],
 )
 
+API_UP = Gauge(
+    "cronscale_worker_api_up",
+    "1 while the API takes the worker's run reports, 0 from a failed report until one succeeds.",
+    ["tier"],
+)
 KAFKA_UP = Gauge(
     "cronscale_worker_kafka_up",
     "1 while the worker's last Kafka start or offset commit succeeded, 0 after a failure.",

@@ -113,6 +113,7 @@ class Runner:
         self._failed = metrics.RUNS_FAILED.labels(tier)
         self._start_lag = metrics.START_LAG.labels(tier)
         self._duration = metrics.RUN_DURATION.labels(tier)
+        self._api_up = metrics.API_UP.labels(tier)
 
     async def run(
         self, task: RunTask, on_handler_done: Callable[[], None] | None = None
@@ -362,7 +363,9 @@ class Runner:
             event.enqueue_time.FromDatetime(task.enqueue_time)
         if task.lease_expire_time is not None:
             event.lease_expire_time.FromDatetime(task.lease_expire_time)
-        return await self._reporter.report(event)
+        ack = await self._reporter.report(event)
+        self._api_up.set(1)
+        return ack
 
 
 def _ids(task: RunTask) -> dict[str, str]:

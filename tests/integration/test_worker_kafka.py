@@ -25,6 +25,7 @@ import grpc.aio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client import REGISTRY
 
 from cronscale.v1 import run_message_pb2
 from cronscale.v1 import run_reporting_service_pb2 as pb
@@ -214,6 +215,10 @@ async def _until(
         await asyncio.sleep(0.1)
 
 
+def _gauge(name: str, tier: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"tier": tier})
+
+
 def _nonempty(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     return {tp: o for tp, o in offsets.items() if o > 0}
 
@@ -301,9 +306,11 @@ async def test_outcomes_wait_for_the_api_and_offsets_wait_for_the_ack(
         assert await _committed(config.group_id, config.topic) == {}
         assert not recorder.finished()
         assert "retrying" in caplog.text
+        assert _gauge("cronscale_worker_api_up", config.tier) == 0
 
         server = await _serve(recorder, port)
         await _until(lambda: recorder.finished() == set(run_ids), 20, "the retried outcomes")
+        assert _gauge("cronscale_worker_api_up", config.tier) == 1
         await _until(lambda: _committed_equals_end(config), 15, "offsets committed after the ack")
     finally:
         stop.set()
@@ -633,3 +640,70 @@ async def test_a_second_message_for_an_attempt_already_run_is_not_run_again(
         await asyncio.wait_for(worker, 30)
         await server.stop(None)
     assert ran == [("dup-0", 1), ("dup-0", 2)]
+
+
+@pytest.mark.timeout(60)
+async def test_kafka_out_of_reach_at_start_is_retried_said_and_measured(
+    config: WorkerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listens at the bootstrap address: the worker keeps retrying with backoff, says
+    why, shows it on cronscale_worker_kafka_up, and still stops at once when told."""
+    config = dataclasses.replace(config, kafka_bootstrap=f"127.0.0.1:{_free_port()}")
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(config, stop, HandlerRegistry()))
+    try:
+        await _until(
+            lambda: caplog.text.count("cannot reach Kafka at") >= 2, 30, "two logged retries"
+        )
+        assert _gauge("cronscale_worker_kafka_up", config.tier) == 0
+        assert "retrying in" in caplog.text
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 10)
+
+
+@pytest.mark.timeout(120)
+async def test_sigterm_finishes_what_it_can_within_the_grace_and_commits_only_that(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """A worker process gets SIGTERM with a 1.5 s run and a 60 s run in progress and a 3 s
+    grace: it stops fetching, the short run finishes, is reported and committed; the long one
+    is cancelled, left uncommitted for another worker, and the process exits 0 on time."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    await _produce(
+        config.topic, [("short", _message("short", "sleep", {"seconds": 1.5}))], partition=0
+    )
+    await _produce(
+        config.topic, [("long", _message("long", "sleep", {"seconds": 60}))], partition=1
+    )
+    config = dataclasses.replace(config, shutdown_grace=3)
+    log = tmp_path / "worker.log"
+    proc = _start_worker_process(config, "it-term", log)
+    try:
+        await _until(
+            lambda: (
+                recorder.kinds("short") == ["STARTED"] and recorder.kinds("long") == ["STARTED"]
+            ),
+            60,
+            "both runs STARTED",
+        )
+        # Sent after the signal: a draining worker must not start it.
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        await _produce(
+            config.topic, [("late", _message("late", "sleep", {"seconds": 0}))], partition=0
+        )
+        code = await asyncio.to_thread(proc.wait, 30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        await server.stop(None)
+    assert code == 0, log.read_text()[-3000:]
+    assert elapsed < config.shutdown_grace + 3
+    assert recorder.kinds("short") == ["STARTED", "SUCCEEDED"]
+    assert recorder.kinds("long") == ["STARTED"]
+    assert recorder.kinds("late") == []
+    assert await _committed(config.group_id, config.topic) == {TopicPartition(config.topic, 0): 1}
