@@ -209,9 +209,10 @@ class Runner:
         else:
             self._failed.inc()
             logger.warning(
-                "run %s %s FAILED in %.3fs (lag %.2fs): %s",
+                "run %s %s %s in %.3fs (lag %.2fs): %s",
                 task.run_id,
                 task.handler,
+                "TIMED_OUT" if state.timed_out else "FAILED",
                 duration,
                 lag,
                 error,

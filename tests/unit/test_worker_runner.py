@@ -201,12 +201,13 @@ async def test_a_handler_that_turns_the_cancel_into_an_error_is_still_cancelled(
     assert reporter.events[-1].error == outcome.error
 
 
-async def test_a_timeout_is_timed_out_not_cancelled() -> None:
+async def test_a_timeout_is_timed_out_not_cancelled(caplog: pytest.LogCaptureFixture) -> None:
     reporter = RecordingReporter()
     runner, _ = make_runner(reporter, heartbeat_interval=0.05)
     outcome = await runner.run(task("sleep", b'{"seconds": 30}', max_runtime=0.2))
     assert not outcome.cancelled and outcome.error.startswith("timed out")
     assert reporter.kinds()[-1] == "TIMED_OUT"
+    assert "run run-1 sleep TIMED_OUT in" in caplog.text
 
 
 async def test_cancelling_the_runner_cancels_the_handler_and_reports_nothing() -> None:
