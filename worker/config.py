@@ -109,6 +109,11 @@ class WorkerConfig:
     new_group_lookback: float = 600.0
     # Threads for plain (sync) handlers, apart from asyncio's default pool.
     sync_threads: int = 16
+    # Kafka static membership: a stable name for this worker slot (a StatefulSet pod name, a
+    # systemd instance). A worker restarted under the same name gets its partitions back with
+    # no rebalance of the others; empty (the default) joins as a new member each start. Two
+    # live processes must never share one.
+    group_instance_id: str = ""
     instance_id: str = ""
     # 0 disables the Prometheus endpoint.
     metrics_port: int = 0
@@ -171,6 +176,7 @@ class WorkerConfig:
             revoke_grace=_num("CRONSCALE_WORKER_REVOKE_GRACE", 2.0, float),
             new_group_lookback=_num("CRONSCALE_WORKER_NEW_GROUP_LOOKBACK", 600.0, float),
             sync_threads=int(_num("CRONSCALE_WORKER_SYNC_THREADS", 16, int)),
+            group_instance_id=e.get("CRONSCALE_WORKER_GROUP_INSTANCE_ID", "").strip(),
             instance_id=e.get("CRONSCALE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}",
             metrics_port=int(_num("CRONSCALE_METRICS_PORT", 0, int)),
             metrics_addr=e.get("CRONSCALE_METRICS_ADDR", "").strip() or "127.0.0.1",

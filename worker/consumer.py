@@ -118,6 +118,7 @@ class KafkaRunConsumer:
                 client_id=f"cronscale-worker-{self._config.instance_id}",
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                group_instance_id=self._config.group_instance_id or None,
             )
             consumer.subscribe([self._config.topic], listener=_Rebalance(self))
             self._admin, self._consumer = admin, consumer

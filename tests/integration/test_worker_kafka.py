@@ -349,6 +349,7 @@ def _start_worker_process(
         "CRONSCALE_API": config.api_target,
         "CRONSCALE_INSTANCE_ID": instance_id,
         "CRONSCALE_WORKER_SHUTDOWN_GRACE": str(config.shutdown_grace),
+        "CRONSCALE_WORKER_GROUP_INSTANCE_ID": config.group_instance_id,
         "PYTHONPATH": str(REPO),
     }
     with log.open("ab") as out:
@@ -707,3 +708,40 @@ async def test_sigterm_finishes_what_it_can_within_the_grace_and_commits_only_th
     assert recorder.kinds("long") == ["STARTED"]
     assert recorder.kinds("late") == []
     assert await _committed(config.group_id, config.topic) == {TopicPartition(config.topic, 0): 1}
+
+
+@pytest.mark.timeout(120)
+async def test_a_static_member_restarted_after_sigkill_resumes_at_once(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """With a group instance id, a worker SIGKILLed and started again under the same id gets its
+    partitions back without waiting for the dead member's session to expire (10 s), and does
+    not run again what it had finished."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    config = dataclasses.replace(config, group_instance_id="it-static-1")
+    first = [f"st-{i}" for i in range(5)]
+    await _produce(config.topic, [(r, _message(r, "echo")) for r in first], partition=0)
+    log = tmp_path / "worker.log"
+    proc = _start_worker_process(config, "it-static", log)
+    try:
+        await _until(lambda: recorder.finished() >= set(first), 60, "the first outcomes")
+        await _until(lambda: _committed_equals_end(config), 15, "their commit")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        proc = _start_worker_process(config, "it-static", log)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await _produce(config.topic, [("st-after", _message("st-after", "echo"))], partition=0)
+        await _until(lambda: "st-after" in recorder.finished(), 60, "a run after the restart")
+        assert loop.time() - t0 < 8, "the restarted member waited for the old one's session"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        await server.stop(None)
+    for run_id in first:
+        assert recorder.kinds(run_id).count("SUCCEEDED") == 1, run_id

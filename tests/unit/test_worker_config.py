@@ -22,6 +22,7 @@ def test_defaults() -> None:
     assert config.metrics_port == 0
     assert config.instance_id  # host-pid
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (2, 600, 16)
+    assert config.group_instance_id == ""
 
 
 def test_environment_overrides() -> None:
@@ -38,6 +39,7 @@ def test_environment_overrides() -> None:
             "CRONSCALE_WORKER_REVOKE_GRACE": "0.5",
             "CRONSCALE_WORKER_NEW_GROUP_LOOKBACK": "0",
             "CRONSCALE_WORKER_SYNC_THREADS": "4",
+            "CRONSCALE_WORKER_GROUP_INSTANCE_ID": " worker-3 ",
         }
     )
     assert config.topic == "t1.runs.premium"
@@ -46,6 +48,7 @@ def test_environment_overrides() -> None:
     assert (config.concurrency, config.default_timeout) == (8, 2.5)
     assert (config.instance_id, config.metrics_port) == ("w-7", 9400)
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (0.5, 0, 4)
+    assert config.group_instance_id == "worker-3"
 
 
 @pytest.mark.parametrize(
