@@ -41,11 +41,15 @@ async def run_worker(
     """
     registry = registry or default_registry
     builtin.configure_http(config.http_allow)
-    reporter = RunReporter(
-        config.api_target,
-        token=config.api_token,
-        on_retry=metrics.REPORT_RETRIES.labels(config.tier).inc,
-    )
+    retries = metrics.REPORT_RETRIES.labels(config.tier)
+    api_up = metrics.API_UP.labels(config.tier)
+
+    def on_retry() -> None:
+        # The reporter logs why and retries with backoff; the runner sets it back on an ack.
+        retries.inc()
+        api_up.set(0)
+
+    reporter = RunReporter(config.api_target, token=config.api_token, on_retry=on_retry)
     await reporter.start()
     try:
         runner = Runner(
@@ -55,6 +59,7 @@ async def run_worker(
             tier=config.tier,
             default_timeout=config.default_timeout,
             heartbeat_interval=config.heartbeat_interval,
+            sync_threads=config.sync_threads,
         )
         await KafkaRunConsumer(config, runner).run(stop)
     finally:
