@@ -58,19 +58,18 @@ def _show(args: argparse.Namespace, x: t.Tenant) -> None:
 
 
 async def create(args: argparse.Namespace) -> int:
-    async with tenant_stub(args.api) as stub:
-        x = await stub.CreateTenant(
-            t.CreateTenantRequest(tenant=_tenant(args)), timeout=args.timeout
-        )
-    _show(args, x)
-    return 0
+    """``tenant create ID [--tier ...] [quotas]``."""
+    return await _write(args, "CreateTenant", t.CreateTenantRequest)
 
 
 async def update(args: argparse.Namespace) -> int:
+    """``tenant update ID [--tier ...] [quotas]``: replaces tier and quotas."""
+    return await _write(args, "UpdateTenant", t.UpdateTenantRequest)
+
+
+async def _write(args: argparse.Namespace, method: str, request: Any) -> int:
     async with tenant_stub(args.api) as stub:
-        x = await stub.UpdateTenant(
-            t.UpdateTenantRequest(tenant=_tenant(args)), timeout=args.timeout
-        )
+        x = await getattr(stub, method)(request(tenant=_tenant(args)), timeout=args.timeout)
     _show(args, x)
     return 0
 

@@ -4,6 +4,7 @@ the same second, is held to its rate while the quiet one keeps its lag, and noth
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -151,3 +152,22 @@ def test_tenant_bad_input_names_the_field(stack: Stack) -> None:
     tenants.DeleteTenant(t_pb2.DeleteTenantRequest(id=tid), timeout=10)
     code, _ = refusal(lambda: tenants.DeleteTenant(t_pb2.DeleteTenantRequest(id=tid), timeout=10))
     assert code == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_tenant_cli(stack: Stack) -> None:
+    api = ["--api", stack.config.api_target]
+    tid = f"cli-{uuid.uuid4().hex[:6]}"
+    made = stack.cli(
+        "tenant", "create", tid, "--tier", "premium", "--max-enqueue-rate", "50", "--json", *api
+    )
+    assert made.returncode == 0, made.stderr
+    doc = json.loads(made.stdout)
+    assert doc["tier"] == "premium" and doc["quotas"]["max_enqueue_rate"] == 50
+    shown = stack.cli("tenant", "get", tid, *api)
+    assert shown.returncode == 0 and "50/s" in shown.stdout
+    assert tid in stack.cli("tenant", "list", *api).stdout
+    bad = stack.cli("tenant", "update", tid, "--tier", "gold", *api)
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "tenant.tier" in bad.stderr
+    assert stack.cli("tenant", "delete", tid, *api).returncode == 0
+    gone = stack.cli("tenant", "get", tid, *api)
+    assert gone.returncode == 1 and "NOT_FOUND" in gone.stderr
