@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -13,7 +14,7 @@ from bucketer.cassandra import CassandraTimerStore, LostOwnership
 from bucketer.cql import write_grouped
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, ShardLease, Timer
-from bucketer.scanner import OnDue, OnPoison, WheelScanner
+from bucketer.scanner import POISON_STRIKES, OnDue, OnPoison, WheelScanner
 from scheduler.config import Config
 
 
@@ -288,6 +289,54 @@ async def test_an_outage_is_not_poison(store: CassandraTimerStore) -> None:
     down = False
     await scanner.fire_due()
     assert sorted(fired) == sorted(t.timer_id for t in timers) and quarantined == []
+
+
+async def test_an_outage_of_what_one_kind_needs_is_not_poison_while_other_kinds_fire(
+    store: CassandraTimerStore,
+) -> None:
+    """Kafka down: timers that produce ("fire") fail transiently while timers that need only
+    Cassandra ("lease") go through, round after round. The failing ones are not taken for
+    poison (they would be quarantined, their schedules stopped): they wait for Kafka."""
+    shard, now = 5, datetime.now(UTC)
+
+    def timer(kind: str, i: int) -> Timer:
+        return Timer(
+            fire_time=now - timedelta(seconds=1),
+            # Leases sort first: handed (fine) before the fire timers fail each round.
+            timer_id=f"{'0' if kind == 'lease' else '1'}-{kind}-{i}",
+            shard=shard,
+            kind=kind,
+            key=f"{kind}{i}",
+        )
+
+    await store.put([timer("fire", 0), timer("fire", 1)], now=now - timedelta(seconds=2))
+    kafka_down = True
+    fired: list[str] = []
+    quarantined: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        if kafka_down and any(t.kind == "fire" for t in batch):
+            raise ConnectionRefusedError("Kafka is down")
+        fired.extend(t.timer_id for t in batch)
+
+    async def on_poison(t: Timer, error: BaseException) -> None:
+        quarantined.append(t.timer_id)
+
+    claimed = await _claim(store, shard, "kinds")
+    # One timer per batch, so each fails or goes through on its own.
+    scanner = WheelScanner(store, on_due, on_poison=on_poison, batch=1)
+    await scanner.add_shard(claimed)
+    for rnd in range(POISON_STRIKES + 3):
+        # Each round, a lease-like timer comes due and goes through.
+        await store.put([timer("lease", rnd)], now=now - timedelta(seconds=2))
+        await scanner.read(datetime.now(UTC))
+        with contextlib.suppress(ConnectionRefusedError):
+            await scanner.fire_due()
+    assert quarantined == []
+    assert sum("lease" in f for f in fired) == POISON_STRIKES + 3
+    kafka_down = False
+    await scanner.fire_due()
+    assert {"1-fire-0", "1-fire-1"} <= set(fired) and quarantined == []
 
 
 async def test_a_member_that_cannot_prove_its_lease_stops_firing(
