@@ -26,8 +26,10 @@ from cronscale.v1 import (
 from scheduler import metrics
 from scheduler.api.auth import AuthInterceptor, KeyVerifier
 from scheduler.api.dead_letters import DeadLetterServicer
+from scheduler.api.quotas import ApiQuotas
 from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
+from scheduler.api.scope import ScheduleTenants
 from scheduler.api.tenants import ApiKeyServicer, TenantServicer
 from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
@@ -90,7 +92,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
             ApiKeyServicer(tenancy, verifier), server
         )
         scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(
-            SchedulerServicer(service), server
+            SchedulerServicer(service, ApiQuotas(tenancy)), server
         )
         dead_letter_service_pb2_grpc.add_DeadLetterServiceServicer_to_server(
             DeadLetterServicer(service), server
@@ -98,7 +100,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         failures = failures_of(stores)
         reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
         run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
-            RunReportingServicer(reports), server
+            RunReportingServicer(reports, ScheduleTenants(schedules)), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
