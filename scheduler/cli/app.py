@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from scheduler.cli import backfills, dead_letters, lifecycle, processes, schedules
+from scheduler.cli import backfills, dead_letters, lifecycle, processes, schedules, tenants
 from scheduler.cli import preview as preview_cmd
 from scheduler.cli.build import (
     MISFIRES,
@@ -392,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # dlq ...
     dead_letters.add_commands(commands, [api], _parser, _rpc, _add_page_options)
+    tenants.add_commands(commands, [api], _parser, _rpc)
 
     # local ..., db ...
     local = _parser(commands, "local", "the local Cassandra + Kafka for development")
