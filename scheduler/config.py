@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.errors import InvalidArgument
 from scheduler.fairness import DEFAULT_TIER
@@ -50,6 +50,10 @@ class Config:
     repair_rate: float = 500.0
     # Tenant tiers, each with its own run topic ("<prefix>.<tier>"); the first is the default.
     tiers: tuple[str, ...] = ("standard", "free", "premium")
+    # Keys the API stores on start if absent (the first admin key of a new cluster, the dev
+    # stack's worker key): `csk_<16 hex>_<43 base64url>`. Never logged.
+    bootstrap_admin_key: str = field(default="", repr=False)
+    bootstrap_worker_key: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -89,6 +93,8 @@ class Config:
             repair_interval_s=float(_int("CRONSCALE_REPAIR_INTERVAL", 3600)),
             repair_rate=float(_int("CRONSCALE_REPAIR_RATE", 500)),
             tiers=_tiers(e.get("CRONSCALE_TIERS", "standard,free,premium")),
+            bootstrap_admin_key=e.get("CRONSCALE_BOOTSTRAP_ADMIN_KEY", ""),
+            bootstrap_worker_key=e.get("CRONSCALE_BOOTSTRAP_WORKER_KEY", ""),
         )
 
     def topic(self, tier: str = DEFAULT_TIER) -> str:

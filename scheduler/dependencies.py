@@ -96,8 +96,9 @@ class DependencyGraph:
 
     async def validate(self, s: Schedule, *, field: str = FIELD) -> None:
         """Checks ``s.after`` before ``s`` is stored (create or update): every upstream is a
-        stored schedule of the same tenant, and no cycle forms. Raises InvalidArgument naming
-        ``field``; reads the upstream closure breadth first, one batched read per level."""
+        stored schedule of the same tenant (another tenant's is "unknown"), and no cycle
+        forms. Raises InvalidArgument naming ``field``; reads the upstream closure breadth
+        first, one batched read per level."""
         if not s.after:
             return
         if len(s.after) > MAX_UPSTREAMS:
@@ -115,12 +116,10 @@ class DependencyGraph:
         found = await self._schedules.get_many(sorted(s.after))
         for up in sorted(s.after):
             other = found.get(up)
-            if other is None:
+            # Another tenant's schedule answers as a missing one: its existence is not ours
+            # to learn.
+            if other is None or other.tenant != s.tenant:
                 raise InvalidArgument(field, f"unknown schedule {up!r}")
-            if other.tenant != s.tenant:
-                raise InvalidArgument(
-                    field, f"{up!r} is a foreign schedule (it belongs to another tenant)"
-                )
         if s.schedule_id:
             await self.check_no_cycle(s.schedule_id, s.after, field=field, known=found)
 

@@ -42,3 +42,11 @@ class Aborted(CronscaleError):
 
 class Unavailable(CronscaleError):
     """A backing service (Cassandra, Kafka) cannot be reached; the caller may retry."""
+
+
+class PermissionDenied(CronscaleError):
+    """The caller's role or tenant does not allow the operation."""
+
+
+class ResourceExhausted(CronscaleError):
+    """A quota would be exceeded; the message names the quota, its limit and the current use."""

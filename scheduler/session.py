@@ -13,10 +13,10 @@ from bucketer.cassandra import CassandraTimerStore
 from bucketer.clock import ClockGuard
 from bucketer.cql import aexecute, connect, first
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
 from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.errors import FailedPrecondition
-from scheduler.tenants import CassandraTenantStore
 
 logger = logging.getLogger(__name__)
 

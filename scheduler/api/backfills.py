@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
+from scheduler.api.auth import principal
 from scheduler.api.convert import from_ts, ts
+from scheduler.api.scope import check_schedule
 from scheduler.api.status import Context, grpc_errors
 from scheduler.backfill import Backfill
-from scheduler.errors import InvalidArgument
+from scheduler.errors import InvalidArgument, NotFound
 from scheduler.model import validate_schedule_id
 from scheduler.service import ScheduleService
 
@@ -38,6 +40,7 @@ class BackfillRpcs:
         if not request.id:
             raise InvalidArgument("id", "is required")
         validate_schedule_id(request.id, "id")
+        await check_schedule(self._svc, request.id)
         b = await self._svc.backfills.start(
             request.id,
             from_ts(request.start_time) if request.HasField("start_time") else None,
@@ -53,7 +56,12 @@ class BackfillRpcs:
         """A backfill's progress: total, enqueued, done, concurrency."""
         if not request.backfill_id:
             raise InvalidArgument("backfill_id", "is required")
-        return backfill_to_proto(await self._svc.backfills.get(request.backfill_id))
+        b = await self._svc.backfills.get(request.backfill_id)
+        try:
+            await check_schedule(self._svc, b.schedule_id)
+        except NotFound:
+            raise NotFound(f"backfill {request.backfill_id!r} not found") from None
+        return backfill_to_proto(b)
 
     @grpc_errors
     async def ListDependencies(
@@ -63,7 +71,18 @@ class BackfillRpcs:
         sid = request.schedule_id
         if sid:
             validate_schedule_id(sid, "schedule_id")
+            await check_schedule(self._svc, sid)
         edges = await self._svc.dependencies.edges(sid)
+        who = principal()
+        if not who.is_admin:
+            # Edges never cross tenants (dependencies are refused across them): an edge is
+            # the caller's when its downstream is.
+            ends = await self._svc.schedules.get_many([e.downstream_id for e in edges])
+            edges = [
+                e
+                for e in edges
+                if e.downstream_id in ends and who.sees(ends[e.downstream_id].tenant)
+            ]
         return scheduler_service_pb2.ListDependenciesResponse(
             edges=[
                 schedule_pb2.DependencyEdge(

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from scheduler.api.convert import from_ts, spec_from_proto, ts
+from scheduler.api.scope import check_schedule
 from scheduler.api.status import Context, grpc_errors
 from scheduler.errors import InvalidArgument
 from scheduler.model import validate_schedule_id
@@ -52,6 +53,7 @@ class PreviewRpcs:
             if not request.id:
                 raise InvalidArgument("id", "is required")
             sid = validate_schedule_id(request.id, "id")
+            await check_schedule(self._svc, sid)
             return preview_to_proto(await preview_stored(self._svc, sid, after, count))
         if target == "spec":
             now = datetime.now(UTC)

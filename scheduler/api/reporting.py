@@ -8,6 +8,7 @@ from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
 from cronscale.v1 import run_reporting_service_pb2_grpc as rr_grpc
 from scheduler import metrics
 from scheduler.api.convert import event_from_proto
+from scheduler.api.scope import ScheduleTenants, check_reports
 from scheduler.api.status import Context, grpc_errors
 from scheduler.errors import InvalidArgument
 from scheduler.reports import RunReports
@@ -16,14 +17,16 @@ MAX_EVENTS = 5000
 
 
 class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
-    def __init__(self, reports: RunReports) -> None:
+    def __init__(self, reports: RunReports, tenants: ScheduleTenants) -> None:
         self._reports = reports
+        self._tenants = tenants
 
     async def _record(self, events: list[rr_pb2.RunEvent]) -> list[rr_pb2.RunEventAck]:
         if len(events) > MAX_EVENTS:
             raise InvalidArgument("events", f"at most {MAX_EVENTS} per call, got {len(events)}")
         now = datetime.now(UTC)
         records = [event_from_proto(e, i, now=now) for i, e in enumerate(events)]
+        await check_reports(self._tenants, [r.run_id for r in records])
         cancel = await self._reports.record(records)
         for r in records:
             metrics.RUN_REPORTS.labels(status=r.status.value if r.status else "HEARTBEAT").inc()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from datetime import UTC, datetime
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronscale.v1 import (
+    api_key_service_pb2,
+    api_key_service_pb2_grpc,
     dead_letter_service_pb2,
     dead_letter_service_pb2_grpc,
     run_reporting_service_pb2,
@@ -21,16 +24,22 @@ from cronscale.v1 import (
     tenant_service_pb2_grpc,
 )
 from scheduler import metrics
+from scheduler.api.auth import AuthInterceptor, KeyVerifier
 from scheduler.api.dead_letters import DeadLetterServicer
+from scheduler.api.quotas import ApiQuotas
 from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
-from scheduler.api.tenants import TenantServicer
+from scheduler.api.scope import ScheduleTenants
+from scheduler.api.tenants import ApiKeyServicer, TenantServicer
+from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
+from scheduler.errors import InvalidArgument
 from scheduler.health import Readiness
 from scheduler.reports import RunReports
 from scheduler.retries import failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
+from scheduler.tenancy import Role, new_key
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +48,26 @@ SERVICE_NAMES = (
     run_reporting_service_pb2.DESCRIPTOR.services_by_name["RunReportingService"].full_name,
     dead_letter_service_pb2.DESCRIPTOR.services_by_name["DeadLetterService"].full_name,
     tenant_service_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name,
+    api_key_service_pb2.DESCRIPTOR.services_by_name["ApiKeyService"].full_name,
 )
+
+
+async def bootstrap_keys(config: Config, tenancy: CassandraTenantStore) -> None:
+    """Stores the configured bootstrap keys (hashed) unless they exist: the first admin key of
+    a new cluster, the dev stack's keys. Idempotent across restarts and replicas."""
+    now = datetime.now(UTC)
+    for role, token, env in (
+        (Role.ADMIN, config.bootstrap_admin_key, "CRONSCALE_BOOTSTRAP_ADMIN_KEY"),
+        (Role.WORKER, config.bootstrap_worker_key, "CRONSCALE_BOOTSTRAP_WORKER_KEY"),
+    ):
+        if not token:
+            continue
+        try:
+            made = new_key(role=role, token=token, name="bootstrap", now=now)
+        except InvalidArgument:
+            raise InvalidArgument(env, "is not a cronscale API key (csk_<id>_<secret>)") from None
+        if await tenancy.add_key(made.key):
+            logger.info("stored the bootstrap %s key %s", role.value, made.key.key_id)
 
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
@@ -53,20 +81,26 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         service = ScheduleService(schedules=schedules, runs=runs, timers=timers)
 
-        server = grpc.aio.server()
+        tenancy = stores.tenants
+        await bootstrap_keys(config, tenancy)
+        verifier = KeyVerifier(tenancy)
+        server = grpc.aio.server(interceptors=[AuthInterceptor(verifier)])
+        tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(
+            TenantServicer(tenancy, tiers=config.tiers), server
+        )
+        api_key_service_pb2_grpc.add_ApiKeyServiceServicer_to_server(
+            ApiKeyServicer(tenancy, verifier), server
+        )
         scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(
-            SchedulerServicer(service), server
+            SchedulerServicer(service, ApiQuotas(tenancy)), server
         )
         dead_letter_service_pb2_grpc.add_DeadLetterServiceServicer_to_server(
             DeadLetterServicer(service), server
         )
-        tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(
-            TenantServicer(stores.tenants, config.tiers), server
-        )
         failures = failures_of(stores)
         reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
         run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
-            RunReportingServicer(reports), server
+            RunReportingServicer(reports, ScheduleTenants(schedules)), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -24,6 +24,8 @@ _CODES: dict[type[errors.CronscaleError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 Req = TypeVar("Req")

@@ -26,7 +26,7 @@ from scheduler.cli.build import (
     parse_payload,
     parse_seconds,
 )
-from scheduler.cli.client import default_api, describe_rpc_error
+from scheduler.cli.client import configure, default_api, describe_rpc_error
 from scheduler.cli.logs import LEVELS
 from scheduler.cli.spec_options import (
     add_policy_options,
@@ -121,6 +121,20 @@ def _api_options() -> argparse.ArgumentParser:
         help="deadline of each RPC (default: 10)",
     )
     p.add_argument("--json", action="store_true", help="print JSON (proto field names)")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default="",
+        help="API key (default: $CRONSCALE_API_KEY, else the local stack's development key "
+        "when the API is on loopback)",
+    )
+    p.add_argument(
+        "--ca-file",
+        metavar="PEM",
+        default="",
+        help="verify the API's TLS certificate against this CA (default: "
+        "$CRONSCALE_TLS_CA_FILE; neither: plaintext)",
+    )
     return p
 
 
@@ -133,6 +147,7 @@ def _log_options() -> argparse.ArgumentParser:
 
 def _rpc(command: RpcCommand) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        configure(api_key=getattr(args, "api_key", ""), ca_file=getattr(args, "ca_file", ""))
         try:
             return asyncio.run(command(args))
         except grpc.aio.AioRpcError as exc:

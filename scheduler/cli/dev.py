@@ -36,6 +36,7 @@ from scheduler.cli.client import describe_rpc_error, scheduler_stub
 from scheduler.cli.logs import LEVEL_PREFIX, LEVELS
 from scheduler.cli.output import TERMINAL_RUN_STATUSES, enum_name, format_run_line
 from scheduler.cli.processes import ENV_PARENT_PID
+from scheduler.credentials import DevKeys, dev_keys, local_home
 
 DEMO_ID = "demo-every-5s"
 DEMO_CRON = "*/5 * * * * *"
@@ -73,10 +74,18 @@ def child_argv(name: str, options: DevOptions, python: str = sys.executable) -> 
     return argv
 
 
-def child_env(options: DevOptions, base: Mapping[str, str], parent_pid: int) -> dict[str, str]:
+def child_env(
+    options: DevOptions, base: Mapping[str, str], parent_pid: int, keys: DevKeys | None = None
+) -> dict[str, str]:
     """The children's environment: ours, pointed at ``options.api``, unbuffered, and told
-    who their parent is so they stop if it dies."""
+    who their parent is so they stop if it dies. With the local stack's development ``keys``,
+    the api stores them as bootstrap keys and the worker reports with the worker key (unless
+    the environment names keys already)."""
     env = dict(base)
+    if keys is not None:
+        env.setdefault("CRONSCALE_BOOTSTRAP_ADMIN_KEY", keys.admin)
+        env.setdefault("CRONSCALE_BOOTSTRAP_WORKER_KEY", keys.worker)
+        env.setdefault("CRONSCALE_API_TOKEN", keys.worker)
     env["CRONSCALE_API"] = options.api
     env.setdefault("CRONSCALE_API_LISTEN", options.api)
     env["PYTHONUNBUFFERED"] = "1"
@@ -244,7 +253,8 @@ class DevRunner:
         self._options.log_dir.mkdir(parents=True, exist_ok=True)
         logs = ", ".join(str(c.log_path) for c in self._children)
         self.say(f"starting api, dispatcher, worker (full logs: {logs})")
-        env = child_env(self._options, os.environ, os.getpid())
+        keys = dev_keys(local_home(), create=True)
+        env = child_env(self._options, os.environ, os.getpid(), keys)
         exits: dict[asyncio.Future[int], _Child] = {}
         tasks: list[asyncio.Future[Any]] = []
         code = 0

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -19,6 +20,7 @@ from bucketer.cql import connect
 from cronscale.v1 import scheduler_service_pb2_grpc
 from ops.migrate import migrate
 from scheduler.config import Config
+from scheduler.credentials import make_token
 from tests.services import require_services, test_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,13 +32,44 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class BearerAuth(grpc.UnaryUnaryClientInterceptor):
+    """Adds ``authorization: Bearer <key>`` to every unary call of a blocking channel."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = (*(details.metadata or ()), ("authorization", f"Bearer {self._key}"))
+        return continuation(_CallDetails(details, metadata), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, base: Any, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+def authed_channel(target: str, key: str) -> grpc.Channel:
+    """A blocking channel to ``target`` whose calls carry ``key``."""
+    return grpc.intercept_channel(grpc.insecure_channel(target), BearerAuth(key))
+
+
 class Stack:
-    """The cronscale processes of one test session, each started with `python -m scheduler.cli`."""
+    """The cronscale processes of one test session, each started with `python -m scheduler.cli`.
+
+    The API bootstraps an admin key and a worker key made here: ``channel`` (and ``api``)
+    present the admin key on every call, the worker its worker key, ``cli`` the admin key."""
 
     def __init__(self, config: Config, logs: Path) -> None:
         self.config = config
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.admin_key = make_token()
+        self.worker_key = make_token()
         # The first dispatcher serves Prometheus metrics here.
         self.dispatcher_metrics_port = _free_port()
         self.env = {
@@ -55,8 +88,12 @@ class Stack:
             "CRONSCALE_RUN_LEASE": "10",
             "CRONSCALE_HEARTBEAT_LEASE": "5",
             "PYTHONPATH": str(REPO),
+            "CRONSCALE_BOOTSTRAP_ADMIN_KEY": self.admin_key,
+            "CRONSCALE_BOOTSTRAP_WORKER_KEY": self.worker_key,
+            "CRONSCALE_API_KEY": self.admin_key,
+            "CRONSCALE_API_TOKEN": self.worker_key,
         }
-        self.channel = grpc.insecure_channel(config.api_target)
+        self.channel = authed_channel(config.api_target, self.admin_key)
         self.api = scheduler_service_pb2_grpc.SchedulerServiceStub(self.channel)
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:

@@ -336,7 +336,7 @@ def test_dependency_input_errors_name_the_field(stack: Stack) -> None:
         (
             "foreign schedule",
             lambda: create_schedule(stack, name="x", tenant="other", handler="echo", after=[up.id]),
-            "schedule.after: 'dep-check-up' is a foreign schedule",
+            "schedule.after: unknown schedule 'dep-check-up'",
         ),
         (
             "neither spec nor after",

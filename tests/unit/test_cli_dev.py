@@ -22,6 +22,7 @@ from scheduler.cli.dev import (
 )
 from scheduler.cli.logs import LEVEL_PREFIX, JsonFormatter, TextFormatter
 from scheduler.cli.processes import ENV_PARENT_PID
+from scheduler.credentials import DevKeys
 
 OPTIONS = DevOptions(
     api="127.0.0.1:50099", log_dir=Path("/tmp/logs"), worker_args=("--import", "m")
@@ -165,3 +166,13 @@ def test_json_log_format() -> None:
         "message": "slow x",
         "tenant": "t",
     }
+
+
+def test_child_env_carries_the_dev_keys_unless_set() -> None:
+    keys = DevKeys(admin="csk_admin", worker="csk_worker")
+    env = child_env(OPTIONS, {}, parent_pid=1, keys=keys)
+    assert env["CRONSCALE_BOOTSTRAP_ADMIN_KEY"] == "csk_admin"
+    assert env["CRONSCALE_BOOTSTRAP_WORKER_KEY"] == "csk_worker"
+    assert env["CRONSCALE_API_TOKEN"] == "csk_worker"
+    mine = child_env(OPTIONS, {"CRONSCALE_API_TOKEN": "csk_mine"}, parent_pid=1, keys=keys)
+    assert mine["CRONSCALE_API_TOKEN"] == "csk_mine"

@@ -25,31 +25,31 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cronscale/v1/tenant_service.proto\x12\x0c\x63ronscale.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"Z\n\x0cTenantQuotas\x12\x18\n\x10max_enqueue_rate\x18\x01 \x01(\x01\x12\x15\n\renqueue_burst\x18\x02 \x01(\x01\x12\x19\n\x11max_payload_bytes\x18\x03 \x01(\x03\"\xb0\x01\n\x06Tenant\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12*\n\x06quotas\x18\x03 \x01(\x0b\x32\x1a.cronscale.v1.TenantQuotas\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x13\x43reateTenantRequest\x12$\n\x06tenant\x18\x01 \x01(\x0b\x32\x14.cronscale.v1.Tenant\"\x1e\n\x10GetTenantRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x14\n\x12ListTenantsRequest\"<\n\x13ListTenantsResponse\x12%\n\x07tenants\x18\x01 \x03(\x0b\x32\x14.cronscale.v1.Tenant\";\n\x13UpdateTenantRequest\x12$\n\x06tenant\x18\x01 \x01(\x0b\x32\x14.cronscale.v1.Tenant\"!\n\x13\x44\x65leteTenantRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteTenantResponse2\x8f\x03\n\rTenantService\x12G\n\x0c\x43reateTenant\x12!.cronscale.v1.CreateTenantRequest\x1a\x14.cronscale.v1.Tenant\x12\x41\n\tGetTenant\x12\x1e.cronscale.v1.GetTenantRequest\x1a\x14.cronscale.v1.Tenant\x12R\n\x0bListTenants\x12 .cronscale.v1.ListTenantsRequest\x1a!.cronscale.v1.ListTenantsResponse\x12G\n\x0cUpdateTenant\x12!.cronscale.v1.UpdateTenantRequest\x1a\x14.cronscale.v1.Tenant\x12U\n\x0c\x44\x65leteTenant\x12!.cronscale.v1.DeleteTenantRequest\x1a\".cronscale.v1.DeleteTenantResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cronscale/v1/tenant_service.proto\x12\x0c\x63ronscale.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8e\x01\n\x0cTenantQuotas\x12\x18\n\x10max_enqueue_rate\x18\x01 \x01(\x01\x12\x15\n\renqueue_burst\x18\x02 \x01(\x01\x12\x19\n\x11max_payload_bytes\x18\x03 \x01(\x03\x12\x15\n\rmax_schedules\x18\x04 \x01(\x03\x12\x1b\n\x13max_concurrent_runs\x18\x05 \x01(\x05\"\xb0\x01\n\x06Tenant\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12*\n\x06quotas\x18\x03 \x01(\x0b\x32\x1a.cronscale.v1.TenantQuotas\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x13\x43reateTenantRequest\x12$\n\x06tenant\x18\x01 \x01(\x0b\x32\x14.cronscale.v1.Tenant\"\x1e\n\x10GetTenantRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x14\n\x12ListTenantsRequest\"<\n\x13ListTenantsResponse\x12%\n\x07tenants\x18\x01 \x03(\x0b\x32\x14.cronscale.v1.Tenant\";\n\x13UpdateTenantRequest\x12$\n\x06tenant\x18\x01 \x01(\x0b\x32\x14.cronscale.v1.Tenant\"!\n\x13\x44\x65leteTenantRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteTenantResponse2\x8f\x03\n\rTenantService\x12G\n\x0c\x43reateTenant\x12!.cronscale.v1.CreateTenantRequest\x1a\x14.cronscale.v1.Tenant\x12\x41\n\tGetTenant\x12\x1e.cronscale.v1.GetTenantRequest\x1a\x14.cronscale.v1.Tenant\x12R\n\x0bListTenants\x12 .cronscale.v1.ListTenantsRequest\x1a!.cronscale.v1.ListTenantsResponse\x12G\n\x0cUpdateTenant\x12!.cronscale.v1.UpdateTenantRequest\x1a\x14.cronscale.v1.Tenant\x12U\n\x0c\x44\x65leteTenant\x12!.cronscale.v1.DeleteTenantRequest\x1a\".cronscale.v1.DeleteTenantResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cronscale.v1.tenant_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENANTQUOTAS']._serialized_start=84
-  _globals['_TENANTQUOTAS']._serialized_end=174
-  _globals['_TENANT']._serialized_start=177
-  _globals['_TENANT']._serialized_end=353
-  _globals['_CREATETENANTREQUEST']._serialized_start=355
-  _globals['_CREATETENANTREQUEST']._serialized_end=414
-  _globals['_GETTENANTREQUEST']._serialized_start=416
-  _globals['_GETTENANTREQUEST']._serialized_end=446
-  _globals['_LISTTENANTSREQUEST']._serialized_start=448
-  _globals['_LISTTENANTSREQUEST']._serialized_end=468
-  _globals['_LISTTENANTSRESPONSE']._serialized_start=470
-  _globals['_LISTTENANTSRESPONSE']._serialized_end=530
-  _globals['_UPDATETENANTREQUEST']._serialized_start=532
-  _globals['_UPDATETENANTREQUEST']._serialized_end=591
-  _globals['_DELETETENANTREQUEST']._serialized_start=593
-  _globals['_DELETETENANTREQUEST']._serialized_end=626
-  _globals['_DELETETENANTRESPONSE']._serialized_start=628
-  _globals['_DELETETENANTRESPONSE']._serialized_end=650
-  _globals['_TENANTSERVICE']._serialized_start=653
-  _globals['_TENANTSERVICE']._serialized_end=1052
+  _globals['_TENANTQUOTAS']._serialized_start=85
+  _globals['_TENANTQUOTAS']._serialized_end=227
+  _globals['_TENANT']._serialized_start=230
+  _globals['_TENANT']._serialized_end=406
+  _globals['_CREATETENANTREQUEST']._serialized_start=408
+  _globals['_CREATETENANTREQUEST']._serialized_end=467
+  _globals['_GETTENANTREQUEST']._serialized_start=469
+  _globals['_GETTENANTREQUEST']._serialized_end=499
+  _globals['_LISTTENANTSREQUEST']._serialized_start=501
+  _globals['_LISTTENANTSREQUEST']._serialized_end=521
+  _globals['_LISTTENANTSRESPONSE']._serialized_start=523
+  _globals['_LISTTENANTSRESPONSE']._serialized_end=583
+  _globals['_UPDATETENANTREQUEST']._serialized_start=585
+  _globals['_UPDATETENANTREQUEST']._serialized_end=644
+  _globals['_DELETETENANTREQUEST']._serialized_start=646
+  _globals['_DELETETENANTREQUEST']._serialized_end=679
+  _globals['_DELETETENANTRESPONSE']._serialized_start=681
+  _globals['_DELETETENANTRESPONSE']._serialized_end=703
+  _globals['_TENANTSERVICE']._serialized_start=706
+  _globals['_TENANTSERVICE']._serialized_end=1105
 # @@protoc_insertion_point(module_scope)

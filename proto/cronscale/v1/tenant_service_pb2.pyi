@@ -26,22 +26,30 @@ class TenantQuotas(_message.Message):
     MAX_ENQUEUE_RATE_FIELD_NUMBER: _builtins.int
     ENQUEUE_BURST_FIELD_NUMBER: _builtins.int
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_SCHEDULES_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_RUNS_FIELD_NUMBER: _builtins.int
     max_enqueue_rate: _builtins.float
     """Firings a second across the fleet; 0 means unlimited."""
     enqueue_burst: _builtins.float
     """Firings allowed at once above the rate; 0 means one second's worth."""
     max_payload_bytes: _builtins.int
     """Largest payload a schedule of the tenant may carry, in bytes; 0 means the server's limit."""
+    max_schedules: _builtins.int
+    """Schedules the tenant may have; creating past it is RESOURCE_EXHAUSTED. 0 means unlimited."""
+    max_concurrent_runs: _builtins.int
+    """Runs of the tenant enqueued or running at once; 0 means unlimited."""
     def __init__(
         self,
         *,
         max_enqueue_rate: _builtins.float = ...,
         enqueue_burst: _builtins.float = ...,
         max_payload_bytes: _builtins.int = ...,
+        max_schedules: _builtins.int = ...,
+        max_concurrent_runs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueue_burst", b"enqueue_burst", "max_enqueue_rate", b"max_enqueue_rate", "max_payload_bytes", b"max_payload_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueue_burst", b"enqueue_burst", "max_concurrent_runs", b"max_concurrent_runs", "max_enqueue_rate", b"max_enqueue_rate", "max_payload_bytes", b"max_payload_bytes", "max_schedules", b"max_schedules"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,79 @@
+"""Where clients find their API key, and the development keys of the local stack.
+
+A process's key comes from ``--api-key`` or ``CRONSCALE_API_KEY``. Without either, a client
+talking to an API on loopback uses the local stack's development admin key: generated once
+into ``<local home>/dev-keys.json`` (mode 0600; ``CRONSCALE_LOCAL_HOME``, default
+``<repo>/.local``), stored by ``cronscale dev`` and the e2e stack as bootstrap keys, so the
+README's tour runs with no extra step. Never used for a remote API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler.tenancy import KEY_PREFIX
+
+DEV_KEYS_FILE = "dev-keys.json"
+ENV_API_KEY = "CRONSCALE_API_KEY"
+ENV_CA_FILE = "CRONSCALE_TLS_CA_FILE"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevKeys:
+    admin: str = field(repr=False)
+    worker: str = field(repr=False)
+
+
+def make_token() -> str:
+    """A fresh API key in the server's format (the server stores only its hash)."""
+    return f"{KEY_PREFIX}{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
+
+
+def local_home(env: Mapping[str, str] | None = None) -> Path:
+    from ops.local import LocalSettings
+
+    return LocalSettings.from_env(os.environ if env is None else env).home
+
+
+def dev_keys(home: Path, *, create: bool) -> DevKeys | None:
+    """The development keys under ``home`` (made there first if ``create``)."""
+    path = home / DEV_KEYS_FILE
+    try:
+        doc = json.loads(path.read_text())
+        return DevKeys(admin=doc["admin"], worker=doc["worker"])
+    except FileNotFoundError:
+        if not create:
+            return None
+    keys = DevKeys(admin=make_token(), worker=make_token())
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"admin": keys.admin, "worker": keys.worker}, f)
+    os.replace(tmp, path)
+    return keys
+
+
+def _loopback(target: str) -> bool:
+    host = target.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def client_key(target: str, explicit: str = "", env: Mapping[str, str] | None = None) -> str:
+    """The key a client presents to ``target``: explicit, else $CRONSCALE_API_KEY, else (API on
+    loopback) the local stack's development admin key; "" if none."""
+    e = os.environ if env is None else env
+    if explicit:
+        return explicit
+    if e.get(ENV_API_KEY):
+        return e[ENV_API_KEY]
+    if _loopback(target):
+        keys = dev_keys(local_home(e), create=False)
+        if keys is not None:
+            return keys.admin
+    return ""
