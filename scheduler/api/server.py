@@ -14,6 +14,8 @@ from grpc_reflection.v1alpha import reflection
 from cronscale.v1 import (
     api_key_service_pb2,
     api_key_service_pb2_grpc,
+    audit_service_pb2,
+    audit_service_pb2_grpc,
     dead_letter_service_pb2,
     dead_letter_service_pb2_grpc,
     run_reporting_service_pb2,
@@ -24,6 +26,8 @@ from cronscale.v1 import (
     tenant_service_pb2_grpc,
 )
 from scheduler import metrics
+from scheduler.api.audit import AuditInterceptor, AuditServicer
+from scheduler.api.audit import Stores as AuditStores
 from scheduler.api.auth import AuthInterceptor, KeyVerifier
 from scheduler.api.dead_letters import DeadLetterServicer
 from scheduler.api.quotas import ApiQuotas
@@ -31,6 +35,7 @@ from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
 from scheduler.api.scope import ScheduleTenants
 from scheduler.api.tenants import ApiKeyServicer, TenantServicer
+from scheduler.audit import CassandraAuditLog
 from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
 from scheduler.errors import InvalidArgument
@@ -49,6 +54,7 @@ SERVICE_NAMES = (
     dead_letter_service_pb2.DESCRIPTOR.services_by_name["DeadLetterService"].full_name,
     tenant_service_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name,
     api_key_service_pb2.DESCRIPTOR.services_by_name["ApiKeyService"].full_name,
+    audit_service_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
 )
 
 
@@ -84,7 +90,15 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         tenancy = CassandraTenantStore(stores.session, keyspace=config.keyspace)
         await bootstrap_keys(config, tenancy)
         verifier = KeyVerifier(tenancy)
-        server = grpc.aio.server(interceptors=[AuthInterceptor(verifier)])
+        audit_log = CassandraAuditLog(stores.session, keyspace=config.keyspace)
+        # Auth first: it wraps the audit's handler, so the caller is known when it records.
+        server = grpc.aio.server(
+            interceptors=[
+                AuthInterceptor(verifier),
+                AuditInterceptor(AuditStores(svc=service, tenancy=tenancy), audit_log),
+            ]
+        )
+        audit_service_pb2_grpc.add_AuditServiceServicer_to_server(AuditServicer(audit_log), server)
         tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(
             TenantServicer(tenancy, tiers=config.tiers), server
         )
