@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from worker import builtin, metrics
 from worker.config import HttpAllow, WorkerConfig
@@ -44,6 +45,11 @@ async def run_worker(
     reporter = RunReporter(
         config.api_target,
         token=config.api_token,
+        root_certificates=(
+            await asyncio.to_thread(Path(config.api_ca_file).read_bytes)
+            if config.api_ca_file
+            else None
+        ),
         on_retry=metrics.REPORT_RETRIES.labels(config.tier).inc,
     )
     await reporter.start()

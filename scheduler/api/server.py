@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from datetime import UTC, datetime
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -56,6 +57,21 @@ SERVICE_NAMES = (
     api_key_service_pb2.DESCRIPTOR.services_by_name["ApiKeyService"].full_name,
     audit_service_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
 )
+
+
+def _listen(server: grpc.aio.Server, config: Config) -> int:
+    """TLS when a certificate and key are configured (both or neither), else plaintext."""
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise InvalidArgument(
+            "CRONSCALE_TLS_CERT_FILE", "and CRONSCALE_TLS_KEY_FILE are set together or not at all"
+        )
+    if not config.tls_cert_file:
+        return server.add_insecure_port(config.api_listen)
+    creds = grpc.ssl_server_credentials(
+        [(Path(config.tls_key_file).read_bytes(), Path(config.tls_cert_file).read_bytes())]
+    )
+    logger.info("api serves TLS with %s", config.tls_cert_file)
+    return server.add_secure_port(config.api_listen, creds)
 
 
 async def bootstrap_keys(config: Config, tenancy: CassandraTenantStore) -> None:
@@ -121,7 +137,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        port = server.add_insecure_port(config.api_listen)
+        port = _listen(server, config)
         if port == 0:
             raise OSError(f"cannot listen on {config.api_listen}")
         guard = timers.clock_guard
