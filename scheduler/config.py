@@ -54,6 +54,10 @@ class Config:
     # stack's worker key): `csk_<16 hex>_<43 base64url>`. Never logged.
     bootstrap_admin_key: str = field(default="", repr=False)
     bootstrap_worker_key: str = field(default="", repr=False)
+    # The API serves TLS when both are set (PEM files); clients verify it with
+    # CRONSCALE_TLS_CA_FILE. Empty: plaintext (the local stack on loopback).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Config:
@@ -95,6 +99,8 @@ class Config:
             tiers=_tiers(e.get("CRONSCALE_TIERS", "standard,free,premium")),
             bootstrap_admin_key=e.get("CRONSCALE_BOOTSTRAP_ADMIN_KEY", ""),
             bootstrap_worker_key=e.get("CRONSCALE_BOOTSTRAP_WORKER_KEY", ""),
+            tls_cert_file=e.get("CRONSCALE_TLS_CERT_FILE", ""),
+            tls_key_file=e.get("CRONSCALE_TLS_KEY_FILE", ""),
         )
 
     def topic(self, tier: str = DEFAULT_TIER) -> str:

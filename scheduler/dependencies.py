@@ -36,8 +36,6 @@ FIELD = "schedule.after"
 # Upstreams one schedule may name, and schedules one cycle check may visit.
 MAX_UPSTREAMS = 100
 MAX_GRAPH_WALK = 100_000
-# Schedules read per page when ListDependencies walks all of them.
-LIST_PAGE = 1000
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -204,26 +202,18 @@ class DependencyGraph:
                 "them or remove it from their `after` first"
             )
 
-    async def edges(self, schedule_id: str = "") -> list[Edge]:
-        """Edges upstream -> downstream touching ``schedule_id``, or all of them.
+    async def edges(self, schedule_id: str) -> list[Edge]:
+        """Edges upstream -> downstream touching ``schedule_id``: its ``after`` set and its
+        (verified) dependents, two reads."""
+        s = await self._schedules.get(schedule_id)
+        out = {Edge(upstream_id=u, downstream_id=schedule_id) for u in s.after}
+        out |= {Edge(upstream_id=schedule_id, downstream_id=d) for d in await self.dependents(s)}
+        return sorted(out)
 
-        For one schedule: its ``after`` set and its (verified) dependents, two reads. For all:
-        a paged scan of the schedules table, reading each ``after`` set; fine for an operator
-        command at thousands of schedules, not meant for the 10M scale (there, ask per
-        schedule).
-        """
-        if schedule_id:
-            s = await self._schedules.get(schedule_id)
-            out = {Edge(upstream_id=u, downstream_id=schedule_id) for u in s.after}
-            out |= {
-                Edge(upstream_id=schedule_id, downstream_id=d) for d in await self.dependents(s)
-            }
-            return sorted(out)
-        edges: set[Edge] = set()
-        token = ""
-        while True:
-            page, token = await self._schedules.list(LIST_PAGE, token)
-            for s in page:
-                edges |= {Edge(upstream_id=u, downstream_id=s.schedule_id) for u in s.after}
-            if not token:
-                return sorted(edges)
+    async def edges_page(self, page_size: int, page_token: str) -> tuple[list[Edge], str]:
+        """The edges into the schedules of one page of the schedules table (``page_size``
+        schedules scanned), and the next page's token ('' when done): every edge once over
+        all pages, each call bounded."""
+        page, token = await self._schedules.list(page_size, page_token)
+        edges = {Edge(upstream_id=u, downstream_id=s.schedule_id) for s in page for u in s.after}
+        return sorted(edges), token

@@ -19,12 +19,16 @@ function the dispatcher advances a schedule with (start/end bounds, DST rules, j
   run counts from ``after`` as if created then.
 - A dry run (a spec, no schedule id) has no jitter offset: the offset derives from the id.
   Its jitter window is still validated.
+- Fire times stop before ``validation.LAST_INSTANT`` (2200-01-01), the last instant a spec may
+  name: fewer than ``count`` come back for a spec that fires rarely (``0 0 29 2 *``). The
+  search runs off the event loop, so a long one does not hold up other calls.
 - ``skipped`` lists wall times in the previewed span a DST gap dropped (gap policy SKIP), at
   the instant the dispatcher records their SKIPPED run; they are never in ``fire_times``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -33,7 +37,7 @@ from scheduler.model import RunStatus, Schedule, ScheduleSpec, ScheduleState, Sp
 from scheduler.service import ScheduleService
 from scheduler.slots import Slot, dst_skips, jitter_of, next_slot
 from scheduler.timespec import CronSpec, load_zone
-from scheduler.validation import validate_spec
+from scheduler.validation import LAST_INSTANT, validate_spec
 
 DEFAULT_COUNT = 10
 MAX_COUNT = 1000
@@ -103,7 +107,10 @@ def preview(
     slots: list[Slot] = []
     while len(slots) < limit:
         nxt = next_slot(s, cursor)
-        if nxt is None:
+        # Past the last instant the system names (validation.LAST_INSTANT) nothing is
+        # listed: it bounds the search for rare specs (`0 0 29 2 *` x 1000 would reach the
+        # year 6148 after ~17 s of cron arithmetic).
+        if nxt is None or nxt.slot >= LAST_INSTANT:
             break
         slots.append(nxt)
         cursor = nxt.slot
@@ -188,6 +195,8 @@ async def preview_stored(
         fired = await _fired_through(svc, s, min(start, now))
         if start > now and s.state is ScheduleState.ACTIVE:
             # Slots between now and `after` will fire first and use up runs.
-            ahead = preview(s, now, s.spec.max_runs, chain_start=_chain_start(s, now), fired=fired)
+            ahead = await asyncio.to_thread(
+                preview, s, now, s.spec.max_runs, chain_start=_chain_start(s, now), fired=fired
+            )
             fired += sum(1 for e in ahead.fire_times if e.utc <= start)
-    return preview(s, start, count, chain_start=chain, fired=fired)
+    return await asyncio.to_thread(preview, s, start, count, chain_start=chain, fired=fired)

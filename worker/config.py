@@ -92,7 +92,9 @@ class WorkerConfig:
     # gRPC target of the API server that records run events.
     api_target: str = "127.0.0.1:50051"
     # Optional bearer token sent as "authorization" metadata on every report.
-    api_token: str = ""
+    api_token: str = field(default="", repr=False)
+    # A CA (PEM) to verify the API's TLS certificate with; empty: plaintext.
+    api_ca_file: str = ""
     concurrency: int = 64
     # Seconds a run may take when its message carries no max_runtime.
     default_timeout: float = 300.0
@@ -168,7 +170,8 @@ class WorkerConfig:
             topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX") or "cronscale.runs",
             tier=e.get("CRONSCALE_TIER") or "standard",
             api_target=e.get("CRONSCALE_API") or "127.0.0.1:50051",
-            api_token=e.get("CRONSCALE_API_TOKEN", ""),
+            api_token=e.get("CRONSCALE_API_TOKEN") or e.get("CRONSCALE_API_KEY", ""),
+            api_ca_file=e.get("CRONSCALE_TLS_CA_FILE", ""),
             concurrency=int(_num("CRONSCALE_WORKER_CONCURRENCY", 64, int)),
             default_timeout=_num("CRONSCALE_WORKER_DEFAULT_TIMEOUT", 300.0, float),
             heartbeat_interval=_num("CRONSCALE_WORKER_HEARTBEAT_INTERVAL", 10.0, float),

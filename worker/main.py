@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from worker import builtin, metrics
 from worker.config import HttpAllow, WorkerConfig
@@ -49,7 +50,16 @@ async def run_worker(
         retries.inc()
         api_up.set(0)
 
-    reporter = RunReporter(config.api_target, token=config.api_token, on_retry=on_retry)
+    reporter = RunReporter(
+        config.api_target,
+        token=config.api_token,
+        root_certificates=(
+            await asyncio.to_thread(Path(config.api_ca_file).read_bytes)
+            if config.api_ca_file
+            else None
+        ),
+        on_retry=on_retry,
+    )
     await reporter.start()
     try:
         runner = Runner(

@@ -98,12 +98,14 @@ class RunReporter:
         target: str,
         *,
         token: str = "",
+        root_certificates: bytes | None = None,
         flush_interval: float = FLUSH_INTERVAL,
         max_batch: int = MAX_BATCH,
         call_timeout: float = CALL_TIMEOUT,
         on_retry: Callable[[], None] | None = None,
     ) -> None:
         self._target = target
+        self._root_certificates = root_certificates
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -135,7 +137,11 @@ class RunReporter:
         """Opens the channel and starts the background sender."""
         if self._task is not None:
             return
-        self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+        if self._root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
+            self._channel = grpc.aio.secure_channel(self._target, creds, options=_CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.RunReportingServiceStub(self._channel)
         self._task = asyncio.create_task(self._run(), name="run-reporter")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from scheduler.api.auth import principal
 from scheduler.api.convert import from_ts, ts
+from scheduler.api.paging import page_size
 from scheduler.api.scope import check_schedule
 from scheduler.api.status import Context, grpc_errors
 from scheduler.backfill import Backfill
@@ -69,10 +70,15 @@ class BackfillRpcs:
     ) -> scheduler_service_pb2.ListDependenciesResponse:
         """Edges upstream -> downstream touching ``schedule_id``, or all of them."""
         sid = request.schedule_id
+        token = ""
         if sid:
             validate_schedule_id(sid, "schedule_id")
             await check_schedule(self._svc, sid)
-        edges = await self._svc.dependencies.edges(sid)
+            edges = await self._svc.dependencies.edges(sid)
+        else:
+            edges, token = await self._svc.dependencies.edges_page(
+                page_size(request.page_size), request.page_token
+            )
         who = principal()
         if not who.is_admin:
             # Edges never cross tenants (dependencies are refused across them): an edge is
@@ -89,5 +95,6 @@ class BackfillRpcs:
                     upstream_id=e.upstream_id, downstream_id=e.downstream_id
                 )
                 for e in edges
-            ]
+            ],
+            next_page_token=token,
         )

@@ -9,7 +9,8 @@ from cronscale.v1 import dead_letter_service_pb2_grpc as dl_grpc
 from cronscale.v1 import schedule_pb2
 from scheduler.api.auth import principal
 from scheduler.api.convert import from_ts, run_to_proto
-from scheduler.api.schedules import _id, _page_size
+from scheduler.api.paging import page_size as _page_size
+from scheduler.api.schedules import _id
 from scheduler.api.scope import check_run, check_schedule
 from scheduler.api.status import Context, grpc_errors
 from scheduler.errors import InvalidArgument, NotFound

@@ -5,6 +5,7 @@ The domain (``scheduler.preview``) computes them with the dispatcher's own ``nex
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
@@ -58,5 +59,7 @@ class PreviewRpcs:
         if target == "spec":
             now = datetime.now(UTC)
             s = dry_run_schedule(spec_from_proto(request.spec, now=now, field="spec"))
-            return preview_to_proto(preview(s, after or now, count))
+            # Off the event loop: cron arithmetic for a rare spec takes a while.
+            found = await asyncio.to_thread(preview, s, after or now, count)
+            return preview_to_proto(found)
         raise InvalidArgument("target", "one of id or spec is required")

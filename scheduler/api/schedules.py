@@ -17,6 +17,7 @@ from scheduler.api.convert import (
     schedule_to_proto,
 )
 from scheduler.api.lifecycle import LifecycleRpcs
+from scheduler.api.paging import page_size as _page_size
 from scheduler.api.preview import PreviewRpcs
 from scheduler.api.quotas import ApiQuotas, full
 from scheduler.api.scope import (
@@ -30,17 +31,6 @@ from scheduler.api.status import Context, code_for, grpc_errors
 from scheduler.errors import CronscaleError, InvalidArgument, PermissionDenied
 from scheduler.model import Schedule, parse_run_id, validate_schedule_id
 from scheduler.service import ScheduleService
-
-MAX_PAGE = 1000
-DEFAULT_PAGE = 100
-
-
-def _page_size(value: int) -> int:
-    if value < 0:
-        raise InvalidArgument("page_size", f"must not be negative, got {value}")
-    if value > MAX_PAGE:
-        raise InvalidArgument("page_size", f"must be at most {MAX_PAGE}, got {value}")
-    return value or DEFAULT_PAGE
 
 
 def _ms(t: datetime) -> datetime:

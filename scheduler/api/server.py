@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from datetime import UTC, datetime
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -14,6 +15,8 @@ from grpc_reflection.v1alpha import reflection
 from cronscale.v1 import (
     api_key_service_pb2,
     api_key_service_pb2_grpc,
+    audit_service_pb2,
+    audit_service_pb2_grpc,
     dead_letter_service_pb2,
     dead_letter_service_pb2_grpc,
     run_reporting_service_pb2,
@@ -24,6 +27,8 @@ from cronscale.v1 import (
     tenant_service_pb2_grpc,
 )
 from scheduler import metrics
+from scheduler.api.audit import AuditInterceptor, AuditServicer
+from scheduler.api.audit import Stores as AuditStores
 from scheduler.api.auth import AuthInterceptor, KeyVerifier
 from scheduler.api.dead_letters import DeadLetterServicer
 from scheduler.api.quotas import ApiQuotas
@@ -31,6 +36,7 @@ from scheduler.api.reporting import RunReportingServicer
 from scheduler.api.schedules import SchedulerServicer
 from scheduler.api.scope import ScheduleTenants
 from scheduler.api.tenants import ApiKeyServicer, TenantServicer
+from scheduler.audit import CassandraAuditLog
 from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
 from scheduler.errors import InvalidArgument
@@ -49,7 +55,23 @@ SERVICE_NAMES = (
     dead_letter_service_pb2.DESCRIPTOR.services_by_name["DeadLetterService"].full_name,
     tenant_service_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name,
     api_key_service_pb2.DESCRIPTOR.services_by_name["ApiKeyService"].full_name,
+    audit_service_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name,
 )
+
+
+def _listen(server: grpc.aio.Server, config: Config) -> int:
+    """TLS when a certificate and key are configured (both or neither), else plaintext."""
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise InvalidArgument(
+            "CRONSCALE_TLS_CERT_FILE", "and CRONSCALE_TLS_KEY_FILE are set together or not at all"
+        )
+    if not config.tls_cert_file:
+        return server.add_insecure_port(config.api_listen)
+    creds = grpc.ssl_server_credentials(
+        [(Path(config.tls_key_file).read_bytes(), Path(config.tls_cert_file).read_bytes())]
+    )
+    logger.info("api serves TLS with %s", config.tls_cert_file)
+    return server.add_secure_port(config.api_listen, creds)
 
 
 async def bootstrap_keys(config: Config, tenancy: CassandraTenantStore) -> None:
@@ -84,7 +106,15 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         tenancy = stores.tenants
         await bootstrap_keys(config, tenancy)
         verifier = KeyVerifier(tenancy)
-        server = grpc.aio.server(interceptors=[AuthInterceptor(verifier)])
+        audit_log = CassandraAuditLog(stores.session, keyspace=config.keyspace)
+        # Auth first: it wraps the audit's handler, so the caller is known when it records.
+        server = grpc.aio.server(
+            interceptors=[
+                AuthInterceptor(verifier),
+                AuditInterceptor(AuditStores(svc=service, tenancy=tenancy), audit_log),
+            ]
+        )
+        audit_service_pb2_grpc.add_AuditServiceServicer_to_server(AuditServicer(audit_log), server)
         tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(
             TenantServicer(tenancy, tiers=config.tiers), server
         )
@@ -107,7 +137,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        port = server.add_insecure_port(config.api_listen)
+        port = _listen(server, config)
         if port == 0:
             raise OSError(f"cannot listen on {config.api_listen}")
         guard = timers.clock_guard

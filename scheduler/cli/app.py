@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # dlq ..., tenant ...
     dead_letters.add_commands(commands, [api], _parser, _rpc, _add_page_options)
-    tenants.add_commands(commands, [api], _parser, _rpc)
+    tenants.add_commands(commands, [api], _parser, _rpc, _add_page_options)
 
     # local ..., db ...
     local = _parser(commands, "local", "the local Cassandra + Kafka for development")

@@ -156,8 +156,20 @@ async def get_backfill(args: argparse.Namespace) -> int:
 
 async def list_dependencies(args: argparse.Namespace) -> int:
     """``schedule deps [ID]``: ``--json`` prints ``{"edges": [{upstream_id, downstream_id}]}``."""
+    edges: list[schedule_pb2.DependencyEdge] = []
+    token = ""
     async with scheduler_stub(args.api) as stub:
-        request = api.ListDependenciesRequest(schedule_id=args.id)
-        resp = await stub.ListDependencies(request, timeout=args.timeout)
-    print(dumps(message_to_json(resp)) if args.json else format_edges(list(resp.edges)))
+        while True:  # every page: without an id the server answers a page of schedules a call
+            request = api.ListDependenciesRequest(
+                schedule_id=args.id, page_size=1000, page_token=token
+            )
+            page = await stub.ListDependencies(request, timeout=args.timeout)
+            edges.extend(page.edges)
+            token = page.next_page_token
+            if not token:
+                break
+    if args.json:
+        print(dumps({"edges": [message_to_json(e) for e in edges]}))
+    else:
+        print(format_edges(edges))
     return 0

@@ -18,6 +18,7 @@ import grpc
 
 from cronscale.v1 import (
     api_key_service_pb2_grpc,
+    audit_service_pb2_grpc,
     dead_letter_service_pb2_grpc,
     scheduler_service_pb2_grpc,
     tenant_service_pb2_grpc,
@@ -108,6 +109,13 @@ async def tenant_stubs(target: str) -> AsyncIterator[tuple[Any, Any]]:
             tenant_service_pb2_grpc.TenantServiceStub(channel),
             api_key_service_pb2_grpc.ApiKeyServiceStub(channel),
         )
+
+
+@asynccontextmanager
+async def audit_stub(target: str) -> AsyncIterator[Any]:
+    """An ``AuditService`` stub on a fresh channel to ``target``, closed on exit."""
+    async with open_channel(target) as channel:
+        yield audit_service_pb2_grpc.AuditServiceStub(channel)
 
 
 def describe_rpc_error(error: grpc.aio.AioRpcError, target: str) -> str:

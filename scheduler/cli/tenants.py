@@ -1,4 +1,5 @@
-"""``cronscale tenant ...`` and ``cronscale key ...``: tenants, their quotas, and API keys.
+"""``cronscale tenant ...``, ``key ...`` and ``audit list``: tenants, their quotas, API keys
+and the audit log.
 
 ``tenant bootstrap`` is the one command that needs no key: it writes the first admin key of a
 cluster straight into Cassandra (it needs the database's reach, which is the trust it rests
@@ -16,8 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cronscale.v1 import api_key_service_pb2 as key_pb2
+from cronscale.v1 import audit_service_pb2 as audit_pb2
 from cronscale.v1 import tenant_service_pb2 as tenant_pb2
-from scheduler.cli.client import tenant_stubs
+from scheduler.cli.build import parse_at
+from scheduler.cli.client import audit_stub, tenant_stubs
 from scheduler.cli.output import _key_values, _table, dumps, format_time, message_to_json
 
 RpcCommand = Callable[[argparse.Namespace], Any]
@@ -200,6 +203,54 @@ async def revoke_key(args: argparse.Namespace) -> int:
     return 0
 
 
+async def list_audit(args: argparse.Namespace) -> int:
+    """``audit list``: newest first, filtered; a page (or ``--all``)."""
+    request = audit_pb2.ListAuditEventsRequest(
+        tenant_id=args.tenant or "",
+        target=args.target or "",
+        actor_key_id=args.actor or "",
+        action=args.action or "",
+        page_size=args.page_size,
+    )
+    if args.since is not None:
+        request.start_time.FromDatetime(args.since)
+    if args.until is not None:
+        request.end_time.FromDatetime(args.until)
+    events: list[audit_pb2.AuditEvent] = []
+    token = args.page_token
+    async with audit_stub(args.api) as stub:
+        while True:
+            request.page_token = token
+            resp = await stub.ListAuditEvents(request, timeout=args.timeout)
+            events.extend(resp.events)
+            token = resp.next_page_token
+            if not args.all or not token:
+                break
+    if args.json:
+        print(dumps({"events": [message_to_json(e) for e in events], "next_page_token": token}))
+        return 0
+    print(
+        _table(
+            ("TIME", "TENANT", "ACTOR", "ROLE", "ACTION", "TARGET", "REQUEST_ID"),
+            [
+                (
+                    format_time(e.time),
+                    e.tenant_id,
+                    e.actor_key_id,
+                    e.actor_role,
+                    e.action,
+                    e.target,
+                    e.request_id,
+                )
+                for e in events
+            ],
+        )
+    )
+    if token:
+        print(f"\nmore: --page-token {token}")
+    return 0
+
+
 async def _bootstrap(name: str) -> str:
     from scheduler.cassandra_tenancy import CassandraTenantStore
     from scheduler.config import Config
@@ -255,8 +306,9 @@ def add_commands(
     parents: Sequence[argparse.ArgumentParser],
     parser: Callable[..., argparse.ArgumentParser],
     rpc: Callable[[RpcCommand], Callable[[argparse.Namespace], int]],
+    add_page_options: Callable[[argparse.ArgumentParser, str], None],
 ) -> None:
-    """``cronscale tenant ...`` and ``cronscale key ...``."""
+    """``cronscale tenant ...``, ``cronscale key ...`` and ``cronscale audit list``."""
     tenant = parser(commands, "tenant", "tenants: tier and quotas (admin keys)")
     sub = tenant.add_subparsers(dest="tenant_command", metavar="SUBCOMMAND", required=True)
     create = parser(sub, "create", "register a tenant", parents)
@@ -304,3 +356,15 @@ def add_commands(
     kr = parser(ksub, "revoke", "revoke a key (other API replicas: within 10 s)", parents)
     kr.add_argument("key_id", metavar="KEY_ID")
     kr.set_defaults(run=rpc(revoke_key))
+
+    audit = parser(commands, "audit", "the audit log (read only)")
+    asub = audit.add_subparsers(dest="audit_command", metavar="SUBCOMMAND", required=True)
+    al = parser(asub, "list", "audit entries, newest first", parents)
+    al.add_argument("--tenant", metavar="TENANT_ID", help="admins: only this tenant's")
+    al.add_argument("--target", metavar="ID", help="a schedule, run, tenant or key id")
+    al.add_argument("--actor", metavar="KEY_ID", help="changes made with this key")
+    al.add_argument("--action", metavar="RPC", help="e.g. DeleteSchedule")
+    al.add_argument("--since", metavar="ISO8601", type=parse_at, help="default: 30 days ago")
+    al.add_argument("--until", metavar="ISO8601", type=parse_at, help="default: now")
+    add_page_options(al, "entries")
+    al.set_defaults(run=rpc(list_audit))

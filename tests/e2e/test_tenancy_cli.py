@@ -81,6 +81,8 @@ def test_tenant_keys_and_quotas_from_the_cli(stack: Stack) -> None:
     assert code == 1 and "PERMISSION_DENIED" in out, out
     code, out = _cli(stack, "key", "revoke", key_id)
     assert code == 0, out
+    code, out = _cli(stack, "audit", "list", "--tenant", tenant, "--action", "RevokeApiKey")
+    assert code == 0 and key_id in out and "RevokeApiKey" in out, out
     code, out = _schedule(stack, secret, "after revoke")
     assert code == 1 and "UNAUTHENTICATED" in out, out
     code, out = _cli(stack, "schedule", "list", key="csk_nope")

@@ -580,16 +580,25 @@ class ListDependenciesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     schedule_id: _builtins.str
-    """Only edges touching this schedule; empty means all."""
+    """Only edges touching this schedule (one answer, no pages); empty means all, paged."""
+    page_size: _builtins.int
+    """Without schedule_id: how many schedules one page scans for their upstreams (at most 1000;
+    0 means 100). A page may hold no edges while next_page_token says there is more.
+    """
+    page_token: _builtins.str
     def __init__(
         self,
         *,
         schedule_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "schedule_id", b"schedule_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -600,16 +609,20 @@ class ListDependenciesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EDGES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page (and always with schedule_id)."""
     @_builtins.property
     def edges(self) -> _containers.RepeatedCompositeFieldContainer[_schedule_pb2.DependencyEdge]: ...
     def __init__(
         self,
         *,
         edges: _abc.Iterable[_schedule_pb2.DependencyEdge] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

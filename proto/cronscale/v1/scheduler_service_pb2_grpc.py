@@ -242,7 +242,8 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListDependencies(self, request, context):
-        """The dependency graph: edges upstream -> downstream, of one schedule or of all.
+        """The dependency graph: edges upstream -> downstream, of one schedule, or of all a page of
+        schedules at a time (follow next_page_token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

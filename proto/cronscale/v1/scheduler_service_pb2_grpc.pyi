@@ -75,7 +75,9 @@ class SchedulerServiceStub:
     the dispatcher computes them.
     """
     ListDependencies: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListDependenciesRequest, _scheduler_service_pb2.ListDependenciesResponse]
-    """The dependency graph: edges upstream -> downstream, of one schedule or of all."""
+    """The dependency graph: edges upstream -> downstream, of one schedule, or of all a page of
+    schedules at a time (follow next_page_token).
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -123,7 +125,9 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     the dispatcher computes them.
     """
     ListDependencies: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListDependenciesRequest, _scheduler_service_pb2.ListDependenciesResponse]  # type: ignore[assignment]
-    """The dependency graph: edges upstream -> downstream, of one schedule or of all."""
+    """The dependency graph: edges upstream -> downstream, of one schedule, or of all a page of
+    schedules at a time (follow next_page_token).
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -270,6 +274,8 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_service_pb2.ListDependenciesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_service_pb2.ListDependenciesResponse, _abc.Awaitable[_scheduler_service_pb2.ListDependenciesResponse]]:
-        """The dependency graph: edges upstream -> downstream, of one schedule or of all."""
+        """The dependency graph: edges upstream -> downstream, of one schedule, or of all a page of
+        schedules at a time (follow next_page_token).
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
