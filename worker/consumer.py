@@ -42,6 +42,8 @@ COMMIT_INTERVAL = 0.2
 # this many of them at most (two full report batches) before fetching pauses.
 MAX_AWAITING_ACK = 1000
 _POLL_MS = 200
+# A commit waiting longer than this marks Kafka down (cronscale_worker_kafka_up) and is logged.
+COMMIT_SLOW = 5.0
 # Reading committed offsets and looking offsets up by time, on assignment.
 _LOOKUP_TIMEOUT = 10.0
 _LOOKUP_ATTEMPTS = 3
@@ -306,8 +308,25 @@ class KafkaRunConsumer:
         self._last_commit = asyncio.get_running_loop().time()
         if not commits:
             return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        # aiokafka retries a commit while the group coordinator is unreachable (a Kafka outage)
+        # instead of failing it: say so while waiting, rather than look healthy.
+        sent = asyncio.ensure_future(
+            consumer.commit({tp: (c.offset, c.metadata) for tp, c in commits.items()})
+        )
         try:
-            await consumer.commit({tp: (c.offset, c.metadata) for tp, c in commits.items()})
+            done, _ = await asyncio.wait({sent}, timeout=COMMIT_SLOW)
+            if not done:
+                metrics.KAFKA_UP.labels(self._config.tier).set(0)
+                logger.warning(
+                    "Kafka has not taken an offset commit for %.0f s (is it down?); still "
+                    "trying, the runs in progress go on meanwhile",
+                    COMMIT_SLOW,
+                )
+            await sent
+            if not done:
+                logger.warning("Kafka took the offset commit after %.1f s", loop.time() - t0)
         except KafkaError as e:
             # The next commit carries these offsets again (or the new owner re-runs them).
             metrics.COMMIT_FAILURES.labels(self._config.tier).inc()

@@ -41,7 +41,6 @@ async def run_worker(
     ``registry`` defaults to the one ``@handler`` fills (built-ins included).
     """
     registry = registry or default_registry
-    builtin.configure_http(config.http_allow)
     retries = metrics.REPORT_RETRIES.labels(config.tier)
     api_up = metrics.API_UP.labels(config.tier)
 
@@ -71,6 +70,7 @@ async def run_worker(
             heartbeat_interval=config.heartbeat_interval,
             sync_threads=config.sync_threads,
         )
+        builtin.configure_http(config.http_allow, runner.threads)
         await KafkaRunConsumer(config, runner).run(stop)
     finally:
         await reporter.close()
