@@ -50,7 +50,7 @@ _LOOKUP_ATTEMPTS = 3
 # How many finished (partition, offset) pairs are remembered against a re-fetch.
 RECENTLY_DONE = 100_000
 # How many (run_id, attempt) pairs started here are remembered against a second message of the
-# same attempt (a producer's retry, a dispatcher's refire).
+# same attempt (a batch sent again after a timeout, a refire).
 RECENT_RUNS = 100_000
 _START_BACKOFF_MAX = 10.0
 
@@ -81,8 +81,8 @@ class KafkaRunConsumer:
             collections.OrderedDict()
         )
         # (run_id, attempt) of the runs started here lately: one attempt is one execution, so a
-        # second message for it (the producer wrote the batch twice after a timeout, or the
-        # dispatcher fired it again) is not run again. Such copies share the partition (the
+        # second message for it (a dispatcher sent the batch again after a send timed out, or
+        # fired the run again) is not run again. Such copies share the partition (the
         # message key), so they reach the worker that ran the first.
         self._recent_runs: collections.OrderedDict[tuple[str, int], None] = (
             collections.OrderedDict()

@@ -8,7 +8,7 @@ log records that the handler ran, whatever happens next. The payload is
 The line carries what the proof needs and nothing the scheduler's own bookkeeping decides:
 ``run_id``, ``schedule_id``, ``scheduled_for`` (ISO 8601, UTC), ``attempt``, ``start`` (the
 handler's start, epoch seconds), ``handler``, the worker's ``pid`` and ``enqueued`` (the run
-message's enqueue time: the same on a redelivered or twice-produced message, new on a refired run).
+message's enqueue time: the same on a redelivered or re-sent message, new on a refired run).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class Report:
     dlq: DlqCheck
     notes: list[str] = field(default_factory=list)
     # Duplicate executions by what caused them: "same message again" (the same enqueue time: one
-    # Kafka record delivered again, or a producer's retry that wrote the record twice), "run
+    # Kafka record delivered again, or the same message sent again after a send timed out), "run
     # fired again" (a new enqueue time: the dispatcher side), the former split by whether the
     # same worker process ran it again.
     duplicates_by_cause: dict[str, int] = field(default_factory=dict)

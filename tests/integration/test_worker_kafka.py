@@ -606,8 +606,8 @@ async def test_a_sync_handler_that_never_returns_does_not_keep_the_worker_from_e
 async def test_a_second_message_for_an_attempt_already_run_is_not_run_again(
     config: WorkerConfig,
 ) -> None:
-    """A producer that retried after a timeout wrote the same message twice, and a dispatcher
-    fired the run again: one attempt runs once. The next attempt of the run does run."""
+    """A dispatcher sent the same message twice (again after a send timed out) and fired the
+    run again: one attempt runs once. The next attempt of the run does run."""
     recorder = Recorder()
     server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
     first = _message("dup-0", "echo")
