@@ -701,14 +701,21 @@ def run_chaos(options: ChaosOptions) -> Report:
             options.stuck_bound_s + 5,
         )
         runs = read_runs(fleet, planned)
-        # The last slots' retries may still be under way: wait until the DLQ stops growing.
+        # The always-failing runs of the window go through three attempts, each behind the
+        # backlog the faults left: wait (bounded) until none of them is still between attempts,
+        # then read the DLQ.
+        hopeless = [s for s in planned if s.handler in (handlers.FAIL, handlers.HANG)]
+
+        def settled() -> bool:
+            runs_now = read_runs(fleet, hopeless)
+            return all(
+                r.status == "DEAD_LETTERED"
+                for r in runs_now
+                if window_start <= r.scheduled_for < window_end
+            )
+
+        _wait(settled, options.drain_timeout_s, poll=5.0)
         letters = read_dead_letters(fleet, planned)
-        for _ in range(12):
-            time.sleep(5)
-            again = read_dead_letters(fleet, planned)
-            if len(again) == len(letters):
-                break
-            letters = again
         executions, bad = read_executions(exec_dir)
         report = build_report(
             schedules=planned,
