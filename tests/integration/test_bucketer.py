@@ -577,3 +577,39 @@ async def test_a_settled_timer_never_fires_whichever_write_lands_first(
     await scanner.fire_due()
     # (The shard may hold other tests' timers.)
     assert [f for f in fired if f in ("after", "before", "kept")] == ["kept"]
+
+
+async def test_due_timers_of_a_slow_grouped_write_are_put_again_where_scanners_read(
+    store: CassandraTimerStore,
+) -> None:
+    """A firing batch writes its already-due next timers at the instant it stamped them; one
+    that took longer than the grace lets a checkpoint pass that instant (the chain would end).
+    ``repeat_if_slow`` puts them again at a fresh instant; a quick write changes nothing."""
+    shard = 6
+    stamped = datetime.now(UTC) - timedelta(seconds=3)  # the write took 3 s
+    due = Timer(fire_time=stamped, timer_id="slow-due", shard=shard, kind="t", key="slow")
+    later = Timer(
+        fire_time=stamped + timedelta(minutes=5),
+        timer_id="slow-later",
+        shard=shard,
+        kind="t",
+        key="slow",
+    )
+    await write_grouped(store._session, store.rows([due, later], now=stamped))
+    await store.repeat_if_slow([due, later], written_at=stamped)
+    rows = store._session.execute(
+        f"SELECT fire_time, timer_id FROM {store._q.keyspace}.timers "
+        "WHERE key = 'slow' ALLOW FILTERING"
+    )
+    copies = sorted((r.timer_id, r.fire_time.replace(tzinfo=UTC)) for r in rows)
+    assert [tid for tid, _ in copies] == ["slow-due", "slow-due", "slow-later"]
+    assert max(t for tid, t in copies if tid == "slow-due") > stamped + timedelta(seconds=2)
+
+    quick = datetime.now(UTC)
+    fresh = Timer(fire_time=quick, timer_id="quick-due", shard=shard, kind="t", key="quick")
+    await write_grouped(store._session, store.rows([fresh], now=quick))
+    await store.repeat_if_slow([fresh], written_at=quick)
+    rows = store._session.execute(
+        f"SELECT timer_id FROM {store._q.keyspace}.timers WHERE key = 'quick' ALLOW FILTERING"
+    )
+    assert [r.timer_id for r in rows] == ["quick-due"]
