@@ -174,9 +174,6 @@ class Failures:
             )
             items.append(self._runs.retry_row(e, at))
             metrics.RUNS_RETRIED.labels(reason=e.status.value if e.status else "").inc()
-        items.extend(
-            self._timers.rows([t.to_timer(self._timers.shard_count) for t in retries], now=now)
-        )
         letters = await self._letters(hopeless, now)
         publish: list[DeadLetterTimer] = []
         for (e, _s), d in zip(hopeless, letters, strict=True):
@@ -186,11 +183,15 @@ class Failures:
         # A dispatcher produces the dead letters to their topic (DeadLetterPublisher): this
         # path, run reporting included, never waits on Kafka. If the write fails, the caller's
         # report (or lease check) is retried and writes the same rows again.
-        published = [t.to_timer(self._timers.shard_count) for t in publish]
+        # Retries with full jitter and dead letters are due at once or nearly: written at a
+        # late stamp, and put again if the write was slow (a lost one would leave its run
+        # FAILED for good, neither retried nor dead-lettered).
+        shards = self._timers.shard_count
+        timers = [t.to_timer(shards) for t in retries] + [t.to_timer(shards) for t in publish]
         written_at = self._clock()
-        items.extend(self._timers.rows(published, now=written_at))
+        items.extend(self._timers.rows(timers, now=written_at))
         await self._runs.write(items)
-        await self._timers.repeat_if_slow(published, written_at=written_at)
+        await self._timers.repeat_if_slow(timers, written_at=written_at)
         for d in letters:
             metrics.RUNS_DEAD_LETTERED.labels(tier="standard").inc()
             logger.warning(
