@@ -89,6 +89,24 @@ class CassandraTimerStore:
                 )
                 await write_grouped(self._session, self.rows(due, now=late))
 
+    async def repeat_if_slow(self, timers: Iterable[Timer], *, written_at: datetime) -> None:
+        """For timers a caller wrote with ``rows(now=written_at)`` in a grouped write of its
+        own: if that write ended too late (``SLOW_WRITE``), the ones already due may lie behind
+        a scanner's checkpoint by the time they landed; they are put again at a fresh now (a
+        possible second firing carries the same ids: at-least-once)."""
+        late = datetime.now(UTC)
+        if late - written_at <= SLOW_WRITE:
+            return
+        due = [t for t in timers if t.fire_time <= late]
+        if due:
+            logger.warning(
+                "a write with due timers took %.1f s; putting %d of them again at %s",
+                (late - written_at).total_seconds(),
+                len(due),
+                late.isoformat(),
+            )
+            await self.put(due, now=late)
+
     def rows(self, timers: Iterable[Timer], *, now: datetime | None = None) -> list[Write]:
         """``put`` as grouped-write items, for a caller that writes them with other rows."""
         now = now or datetime.now(UTC)

@@ -38,8 +38,9 @@ Position = tuple[datetime, str]
 # The longest pause between attempts while scanning keeps failing.
 MAX_BACKOFF = 2.0
 
-# A timer that failed alone this many rounds, while other timers were handed fine, is poison
-# even when its error looks transient.
+# A timer that failed alone this many rounds, while other timers *of its kind* were handed fine,
+# is poison even when its error looks transient. (Of its kind: while Kafka is down, timers that
+# need no Kafka still go through, and must not make every timer that does look poisonous.)
 POISON_STRIKES = 5
 
 
@@ -131,7 +132,8 @@ class WheelScanner:
         self._may_fire = may_fire or (lambda _shard: True)
         self._is_transient = is_transient or _transient_by_default
         self._strikes: dict[Position, int] = {}
-        self._round_ok = False
+        # The kinds of timers handed fine in the current round.
+        self._round_ok: set[str] = set()
         self.shards: dict[int, ShardProgress] = {}
         self._wake = asyncio.Event()
 
@@ -298,9 +300,9 @@ class WheelScanner:
         A batch that fails is split in halves and each half handed again, down to single
         timers, so one timer whose firing raises (poison) cannot hold up the others. A single
         timer whose error is not transient (or that failed alone ``POISON_STRIKES`` rounds
-        while others went through) goes to ``on_poison`` and counts as handed. A transient
-        error with nothing handed in the round (Cassandra or Kafka down) is raised: the round
-        stops and the timers are tried again next tick.
+        while others of its kind went through) goes to ``on_poison`` and counts as handed. A
+        transient error with nothing handed in the round (Cassandra or Kafka down) is raised:
+        the round stops and the timers are tried again next tick.
         """
         now = self._clock()
         due = sorted(
@@ -312,7 +314,7 @@ class WheelScanner:
             ),
             key=lambda t: t.position,
         )
-        self._round_ok = False
+        self._round_ok = set()
         if not due:
             return 0
         slots = asyncio.Semaphore(self._in_flight)
@@ -371,7 +373,7 @@ class WheelScanner:
                 return await self._deliver(batch[:middle]) + await self._deliver(batch[middle:])
             await self._poisoned(batch[0], e)
         else:
-            self._round_ok = True
+            self._round_ok.update(t.kind for t in batch)
             if self._strikes:
                 for t in batch:
                     self._strikes.pop(t.position, None)
@@ -381,11 +383,12 @@ class WheelScanner:
     async def _poisoned(self, t: Timer, error: Exception) -> None:
         """A single timer failed: quarantine it if it is poison, else raise ``error``."""
         strikes = self._strikes.get(t.position, 0) + 1
+        others_ok = t.kind in self._round_ok
         poison = self._on_poison is not None and (
-            not self._is_transient(error) or (self._round_ok and strikes >= POISON_STRIKES)
+            not self._is_transient(error) or (others_ok and strikes >= POISON_STRIKES)
         )
         if not poison or self._on_poison is None:
-            if self._round_ok:
+            if others_ok:
                 self._strikes[t.position] = strikes
             raise error
         logger.error(

@@ -43,6 +43,7 @@ from ops.local import LocalSettings
 from ops.migrate import migrate
 from scheduler.cassandra import CassandraScheduleStore
 from scheduler.config import Config
+from scheduler.credentials import fresh_keys_env
 from scheduler.model import (
     Schedule,
     ScheduleSpec,
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "CRONSCALE_API_LISTEN": config.api_listen,
         "CRONSCALE_SHARDS": str(args.shards),
         "CRONSCALE_WORKER_CONCURRENCY": "256",
+        # A private stack: its own admin and worker keys (the API requires them).
+        **fresh_keys_env(),
     }
     logs = REPORTS / f"logs-{token}"
     logs.mkdir(parents=True, exist_ok=True)

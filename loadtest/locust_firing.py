@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-import grpc
 from locust import User, between, events, task
 from locust.env import Environment
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
 from loadtest.locustfile import timed_call
+from scheduler.credentials import authed_channel
 from scheduler.model import parse_run_id
 
 BATCH = 500
@@ -44,7 +44,7 @@ def _options(parser: Any) -> None:
 def _register(host: str, rate: int, run: str) -> None:
     spec = schedule_pb2.ScheduleSpec(cron=schedule_pb2.CronSpec(expression="* * * * *"))
     spec.jitter.FromSeconds(60)
-    with grpc.insecure_channel(host) as channel:
+    with authed_channel(host) as channel:
         api = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
         for start in range(0, rate, BATCH):
             items = [
@@ -112,7 +112,7 @@ class Observer(User):
 
     @task
     def get(self) -> None:
-        with grpc.insecure_channel(self.host or "127.0.0.1:50051") as channel:
+        with authed_channel(self.host or "127.0.0.1:50051") as channel:
             api = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
             timed_call(
                 "ListSchedules",

@@ -18,6 +18,7 @@ import grpc
 from locust import User, between, events, task
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
+from scheduler.credentials import authed_channel
 
 
 def timed_call(name: str, call: Callable[[], Any]) -> Any:
@@ -47,7 +48,7 @@ class GrpcUser(User):
     wait_time = between(0.01, 0.1)
 
     def on_start(self) -> None:
-        self._channel = grpc.insecure_channel(self.host or "127.0.0.1:50051")
+        self._channel = authed_channel(self.host or "127.0.0.1:50051")
         self.api = scheduler_service_pb2_grpc.SchedulerServiceStub(self._channel)
         self.ids: list[str] = []
 

@@ -31,6 +31,7 @@ from loadtest.firing import REPO, _free_port, _service_pid, cpu_seconds
 from ops.local import LocalSettings
 from ops.migrate import migrate
 from scheduler.config import Config
+from scheduler.credentials import fresh_keys_env
 
 
 def _write_file(path: Path, count: int, token: str) -> None:
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         "CRONSCALE_KEYSPACE": config.keyspace,
         "CRONSCALE_API": config.api_target,
         "CRONSCALE_API_LISTEN": config.api_listen,
+        # A private API: its own admin key, presented by the import below.
+        **fresh_keys_env(),
     }
     cli = [sys.executable, "-m", "scheduler.cli"]
     with tempfile.TemporaryDirectory() as tmp:

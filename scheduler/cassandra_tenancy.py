@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from cassandra.cluster import Session
 
 from bucketer.cql import Queries, aexecute, aexecute_all, execute_conditional, first
 from scheduler.errors import AlreadyExists, NotFound
+from scheduler.fairness import TenantLimits
 from scheduler.tenancy import ApiKey, Tenant
 
 # Admin and worker keys are listed under this id in api_keys_by_tenant (no tenant id has a *).
@@ -74,6 +76,22 @@ class CassandraTenantStore:
             return await self.get(tenant_id)
         except NotFound:
             return None
+
+    async def limits(self, tenant_ids: Collection[str]) -> Mapping[str, TenantLimits]:
+        """The tier and enqueue quota of the tenants among ``tenant_ids`` that have a row, as
+        the firing path enforces them (dispatchers cache this: scheduler.fairness)."""
+        ids = sorted(set(tenant_ids))
+        out: dict[str, TenantLimits] = {}
+        for start in range(0, len(ids), 100):
+            chunk = ids[start : start + 100]
+            for row in await aexecute(self._session, self.q["get_tenants"], (chunk,)):
+                t = Tenant.from_row(row)
+                out[t.tenant_id] = TenantLimits(
+                    tier=t.tier,
+                    enqueue_rate=t.quotas.max_enqueue_rate or None,
+                    burst=t.quotas.enqueue_burst or None,
+                )
+        return out
 
     async def list_all(self) -> list[Tenant]:
         """Every tenant (a tenant registry holds hundreds, not millions)."""

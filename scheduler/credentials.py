@@ -18,6 +18,9 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 from scheduler.config import Config
 from scheduler.tenancy import KEY_PREFIX
@@ -106,3 +109,44 @@ def client_key(target: str, explicit: str = "", env: Mapping[str, str] | None = 
         if keys is not None:
             return keys.admin
     return ""
+
+
+def fresh_keys_env() -> dict[str, str]:
+    """Environment for a private stack (a benchmark, a chaos fleet): a new admin and worker key,
+    bootstrapped by its API, presented by its clients (CRONSCALE_API_KEY) and workers
+    (CRONSCALE_API_TOKEN)."""
+    admin, worker = make_token(), make_token()
+    return {
+        "CRONSCALE_BOOTSTRAP_ADMIN_KEY": admin,
+        "CRONSCALE_BOOTSTRAP_WORKER_KEY": worker,
+        ENV_API_KEY: admin,
+        "CRONSCALE_API_TOKEN": worker,
+    }
+
+
+class BearerAuth(grpc.UnaryUnaryClientInterceptor):
+    """Adds ``authorization: Bearer <key>`` to every unary call of a blocking channel."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = (*(details.metadata or ()), ("authorization", f"Bearer {self._key}"))
+        return continuation(_CallDetails(details, metadata), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, base: Any, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+def authed_channel(target: str, key: str = "") -> grpc.Channel:
+    """A blocking channel to ``target`` whose calls carry ``key`` (default: ``client_key``)."""
+    key = key or client_key(target)
+    channel = grpc.insecure_channel(target)
+    return grpc.intercept_channel(channel, BearerAuth(key)) if key else channel

@@ -561,7 +561,10 @@ class Firing:
         for s, at in plan.completed:
             items.append(schedules.record_completed(s.schedule_id, at))
         items.extend(self._runs.cancel_rows(plan.cancel))
-        items.extend(self._timers.rows(plan.next_timers, now=now))
+        # Stamped as late as possible: a next timer already due is written at this instant,
+        # and must land before the scanners' checkpoints pass it (see the re-put below).
+        stamped = self._clock()
+        items.extend(self._timers.rows(plan.next_timers, now=stamped))
         # Every attempt enqueued holds a lease (scheduler.retries): a timer the API settles
         # when the outcome arrives, checked by a dispatcher only if it does not.
         # Both to the millisecond, as the API reads them back from the worker's echo (and as
@@ -598,6 +601,11 @@ class Firing:
             self._runs.write(items),
             *(self._queue.enqueue(topic, messages) for topic, messages in by_topic.items()),
         )
+        # A next timer already due (the slot fired late) was written at `stamped`: if this took
+        # longer than the scanners' grace allows, a checkpoint may have passed that instant
+        # before the row landed and the schedule's chain would end there (chaos runs under
+        # load: whole schedules stopped for good). Put again at a fresh instant.
+        await self._timers.repeat_if_slow(plan.next_timers, written_at=stamped)
 
     def _message(self, s: Schedule, run: Run, lease_at: datetime) -> run_message_pb2.RunMessage:
         m = run_message_pb2.RunMessage(

@@ -145,10 +145,10 @@ class RunReports:
         # the run held and released again later under the same run id, never lost. Concurrent
         # replicas write the same timer (same id); the conditional clear lets one of them win.
         if timers:
-            await self._runs.write(
-                released
-                + self._timers.rows([t.to_timer(self._timers.shard_count) for t in timers], now=now)
-            )
+            due = [t.to_timer(self._timers.shard_count) for t in timers]
+            written_at = self._clock()
+            await self._runs.write(released + self._timers.rows(due, now=written_at))
+            await self._timers.repeat_if_slow(due, written_at=written_at)
         for sid, held in to_clear:
             if await self._runs.clear_buffered(sid, held):
                 logger.info("released the buffered run of %s", sid, extra={"schedule_id": sid})

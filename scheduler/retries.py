@@ -186,10 +186,11 @@ class Failures:
         # A dispatcher produces the dead letters to their topic (DeadLetterPublisher): this
         # path, run reporting included, never waits on Kafka. If the write fails, the caller's
         # report (or lease check) is retried and writes the same rows again.
-        items.extend(
-            self._timers.rows([t.to_timer(self._timers.shard_count) for t in publish], now=now)
-        )
+        published = [t.to_timer(self._timers.shard_count) for t in publish]
+        written_at = self._clock()
+        items.extend(self._timers.rows(published, now=written_at))
         await self._runs.write(items)
+        await self._timers.repeat_if_slow(published, written_at=written_at)
         for d in letters:
             metrics.RUNS_DEAD_LETTERED.labels(tier="standard").inc()
             logger.warning(

@@ -13,6 +13,7 @@ from bucketer.cassandra import CassandraTimerStore
 from bucketer.clock import ClockGuard
 from bucketer.cql import aexecute, connect, first
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
 from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.errors import FailedPrecondition
@@ -55,6 +56,7 @@ class Stores:
     schedules: CassandraScheduleStore
     runs: CassandraRunStore
     dead_letters: CassandraDeadLetterStore
+    tenants: CassandraTenantStore
 
     def close(self) -> None:
         self.session.cluster.shutdown()
@@ -82,6 +84,7 @@ async def open_stores(config: Config) -> Stores:
         schedules=schedules,
         runs=CassandraRunStore(session, schedules),
         dead_letters=CassandraDeadLetterStore(session, keyspace=config.keyspace),
+        tenants=CassandraTenantStore(session, keyspace=config.keyspace),
     )
 
 

@@ -36,6 +36,11 @@ class TimerStore(Protocol):
         """``put`` as write items, for a caller that writes them with other rows."""
         ...
 
+    async def repeat_if_slow(self, timers: Iterable[Timer], *, written_at: datetime) -> None:
+        """After a caller's grouped write of ``rows(timers, now=written_at)``: puts the due ones
+        again at a fresh now if the write ended too late for the scanners' grace window."""
+        ...
+
     def settle_rows(self, timers: Iterable[Timer], *, now: datetime) -> list[Write]:
         """Items that make not-yet-due timers (written with a ``stamp``) inert in place, so
         they never fire, whichever write lands first; no tombstone."""

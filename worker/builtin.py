@@ -28,6 +28,7 @@ from typing import Any
 from worker.config import HttpAllow, IPAddress
 from worker.errors import HandlerFailed, NonRetryable
 from worker.handlers import HandlerContext, HandlerRegistry, default_registry
+from worker.threads import SyncThreads
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ _SHARED = ipaddress.IPv4Network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
 
 # What the http handler may reach besides public addresses; set by the worker at start.
 _http_allow = HttpAllow()
+# A request past its run's deadline runs on until its own timeout: on the worker's pool it is
+# abandoned there (counted, its slot freed) instead of holding one of the few threads of
+# asyncio's default executor.
+_http_threads: SyncThreads | None = None
 
 
 async def echo(ctx: HandlerContext) -> bytes:
@@ -81,10 +86,13 @@ async def fail(ctx: HandlerContext) -> None:
     raise HandlerFailed(message)
 
 
-def configure_http(allow: HttpAllow) -> None:
-    """Sets what the ``http`` handler may reach besides public addresses (the worker calls it)."""
-    global _http_allow
+def configure_http(allow: HttpAllow, threads: SyncThreads | None = None) -> None:
+    """Sets what the ``http`` handler may reach besides public addresses, and the threads its
+    blocking requests run on (the worker's own pool; asyncio's default executor when None).
+    The worker calls it."""
+    global _http_allow, _http_threads
     _http_allow = allow
+    _http_threads = threads
 
 
 def denied_reason(address: IPAddress) -> str | None:
@@ -187,9 +195,15 @@ async def http(ctx: HandlerContext) -> dict[str, Any]:
     # Last, so a payload cannot replace the key that makes retries safe.
     all_headers["Idempotency-Key"] = ctx.run_id
     allow = _http_allow
-    status, text, location = await asyncio.to_thread(
-        _post, target, allow, body, all_headers, float(timeout)
-    )
+
+    def request(_: object = None) -> tuple[int, str, str | None]:
+        return _post(target, allow, body, all_headers, float(timeout))
+
+    threads = _http_threads
+    if threads is None:
+        status, text, location = await asyncio.to_thread(request)
+    else:
+        status, text, location = await threads.run(request, None, name=f"http {ctx.run_id}")
     logger.debug("http: POST %s answered %d", target.shown, status, extra=_ids(ctx))
     if 300 <= status < 400:
         where = f" to {redact_url(location)}" if location else ""

@@ -104,6 +104,20 @@ class WorkerConfig:
     heartbeat_interval: float = 10.0
     # Seconds that running handlers get to finish after SIGTERM before they are cancelled.
     shutdown_grace: float = 10.0
+    # Seconds a rebalance waits for the running handlers of revoked partitions before handing
+    # them over (they run on here; the next owner skips them). The whole group waits with it.
+    revoke_grace: float = 2.0
+    # A partition without a committed offset (a new consumer group, offsets expired) starts at
+    # its first message of the last this-many seconds, not at the start of the retention;
+    # 0 starts at the earliest retained message.
+    new_group_lookback: float = 600.0
+    # Threads for plain (sync) handlers, apart from asyncio's default pool.
+    sync_threads: int = 16
+    # Kafka static membership: a stable name for this worker slot (a StatefulSet pod name, a
+    # systemd instance). A worker restarted under the same name gets its partitions back with
+    # no rebalance of the others; empty (the default) joins as a new member each start. Two
+    # live processes must never share one.
+    group_instance_id: str = ""
     instance_id: str = ""
     # 0 disables the Prometheus endpoint.
     metrics_port: int = 0
@@ -121,6 +135,14 @@ class WorkerConfig:
             raise ConfigError(f"heartbeat interval must be positive, got {self.heartbeat_interval}")
         if self.shutdown_grace < 0:
             raise ConfigError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
+        if self.revoke_grace < 0:
+            raise ConfigError(f"revoke grace must not be negative, got {self.revoke_grace}")
+        if self.new_group_lookback < 0:
+            raise ConfigError(
+                f"new group lookback must not be negative, got {self.new_group_lookback}"
+            )
+        if self.sync_threads < 1:
+            raise ConfigError(f"sync threads must be at least 1, got {self.sync_threads}")
         if not self.tier:
             raise ConfigError("tier must not be empty")
         if not self.metrics_addr.strip():
@@ -158,6 +180,10 @@ class WorkerConfig:
             default_timeout=_num("CRONSCALE_WORKER_DEFAULT_TIMEOUT", 300.0, float),
             heartbeat_interval=_num("CRONSCALE_WORKER_HEARTBEAT_INTERVAL", 10.0, float),
             shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
+            revoke_grace=_num("CRONSCALE_WORKER_REVOKE_GRACE", 2.0, float),
+            new_group_lookback=_num("CRONSCALE_WORKER_NEW_GROUP_LOOKBACK", 600.0, float),
+            sync_threads=int(_num("CRONSCALE_WORKER_SYNC_THREADS", 16, int)),
+            group_instance_id=e.get("CRONSCALE_WORKER_GROUP_INSTANCE_ID", "").strip(),
             instance_id=e.get("CRONSCALE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}",
             metrics_port=int(_num("CRONSCALE_METRICS_PORT", 0, int)),
             metrics_addr=e.get("CRONSCALE_METRICS_ADDR", "").strip() or "127.0.0.1",

@@ -3,6 +3,15 @@
 Offsets are committed only past messages whose outcome the API acknowledged (see
 :mod:`worker.offsets`), so a worker that dies at any moment loses nothing: Kafka hands the
 unfinished messages to another member of the group, which runs them again with the same run_id.
+Each commit also names the finished messages above the commit point (in the commit's metadata),
+and a worker taking a partition over skips them: a killed worker's successor re-runs only what
+was unfinished, not everything after its oldest run.
+
+A rebalance revokes partitions while their runs may still be in progress. The worker waits up
+to ``revoke_grace`` for them, then hands the rest over: it commits them as finished and sees
+them through itself (running, reporting), so the next owner does not start them a second time
+beside it. Should this worker die before they finish, the runs' leases (the API side) retry
+them. A stopping worker hands nothing over: what it cancels is delivered again.
 """
 
 from __future__ import annotations
@@ -11,17 +20,19 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from worker import metrics
 from worker.config import WorkerConfig
 from worker.errors import MessageDecodeError, ReportRejected, UnsupportedMessageVersion
 from worker.messages import RunTask, decode_run_message
-from worker.offsets import OffsetTracker
+from worker.offsets import Commit, OffsetTracker, decode_finished
 from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -30,11 +41,17 @@ COMMIT_INTERVAL = 0.2
 # Runs whose handler is over but whose outcome awaits the API's ack hold no concurrency slot;
 # this many of them at most (two full report batches) before fetching pauses.
 MAX_AWAITING_ACK = 1000
-# How long a revoked partition's running handlers may finish before the partition is let go.
-REVOKE_GRACE = 5.0
 _POLL_MS = 200
+# A commit waiting longer than this marks Kafka down (cronscale_worker_kafka_up) and is logged.
+COMMIT_SLOW = 5.0
+# Reading committed offsets and looking offsets up by time, on assignment.
+_LOOKUP_TIMEOUT = 10.0
+_LOOKUP_ATTEMPTS = 3
 # How many finished (partition, offset) pairs are remembered against a re-fetch.
 RECENTLY_DONE = 100_000
+# How many (run_id, attempt) pairs started here are remembered against a second message of the
+# same attempt (a batch sent again after a timeout, a refire).
+RECENT_RUNS = 100_000
 _START_BACKOFF_MAX = 10.0
 
 
@@ -50,7 +67,11 @@ class KafkaRunConsumer:
         self._busy = 0
         self._slot_freed = asyncio.Event()
         self._consumer: Any = None
+        self._admin: Any = None
         self._paused = False
+        # Newly assigned partitions held paused until their previous owner's commit is read.
+        self._holding: set[TopicPartition] = set()
+        self._stopping = False
         self._last_commit = 0.0
         # (partition, offset) of messages whose run is in progress here, and of the last ones
         # finished: a partition revoked and assigned back is fetched again from its committed
@@ -59,13 +80,19 @@ class KafkaRunConsumer:
         self._recently_done: collections.OrderedDict[tuple[TopicPartition, int], None] = (
             collections.OrderedDict()
         )
+        # (run_id, attempt) of the runs started here lately: one attempt is one execution, so a
+        # second message for it (a dispatcher sent the batch again after a send timed out, or
+        # fired the run again) is not run again. Such copies share the partition (the
+        # message key), so they reach the worker that ran the first.
+        self._recent_runs: collections.OrderedDict[tuple[str, int], None] = (
+            collections.OrderedDict()
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set, then drains (see :meth:`_shutdown`) and leaves."""
         consumer = await self._start(stop)
         if consumer is None:
             return
-        self._consumer = consumer
         logger.info(
             "consuming %s as group %s (concurrency %d)",
             self._config.topic,
@@ -81,18 +108,30 @@ class KafkaRunConsumer:
         """Starts a consumer, retrying while Kafka is unreachable; None if stopped first."""
         delay = 0.5
         while not stop.is_set():
+            # The admin client reads the commits' metadata on assignment: up before the consumer
+            # joins the group.
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._config.kafka_bootstrap,
+                client_id=f"cronscale-worker-{self._config.instance_id}-admin",
+            )
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=self._config.kafka_bootstrap,
                 group_id=self._config.group_id,
                 client_id=f"cronscale-worker-{self._config.instance_id}",
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                group_instance_id=self._config.group_instance_id or None,
             )
             consumer.subscribe([self._config.topic], listener=_Rebalance(self))
+            self._admin, self._consumer = admin, consumer
             try:
+                await admin.start()
                 await consumer.start()
             except KafkaError as e:
                 await consumer.stop()
+                await admin.close()
+                self._admin = self._consumer = None
+                metrics.KAFKA_UP.labels(self._config.tier).set(0)
                 logger.warning(
                     "cannot reach Kafka at %s (%s); retrying in %.1f s",
                     self._config.kafka_bootstrap,
@@ -103,6 +142,7 @@ class KafkaRunConsumer:
                     await asyncio.wait_for(stop.wait(), delay)
                 delay = min(delay * 2, _START_BACKOFF_MAX)
                 continue
+            metrics.KAFKA_UP.labels(self._config.tier).set(1)
             return consumer
         return None
 
@@ -124,6 +164,10 @@ class KafkaRunConsumer:
             else:
                 self._resume(consumer)
                 records = await consumer.getmany(timeout_ms=_POLL_MS, max_records=free)
+            if stop.is_set():
+                # Told to stop while fetching: what came back is not started (nor committed),
+                # another worker runs it.
+                break
             for tp, messages in records.items():
                 for message in messages:
                     self._dispatch(tp, message)
@@ -134,6 +178,11 @@ class KafkaRunConsumer:
         key = (tp, message.offset)
         if not self._tracker.add(tp, message.offset):
             return  # delivered twice in one assignment: it is running or done already
+        if self._tracker.inherited(tp, message.offset):
+            # The partition's previous owner finished it (or handed it over running).
+            metrics.MESSAGES_SKIPPED.labels(self._config.tier, "finished_before").inc()
+            self._tracker.complete(tp, message.offset)
+            return
         if key in self._running:
             # The partition was revoked and assigned back while this message still ran here:
             # the run in progress completes the offset, it is not started a second time.
@@ -166,6 +215,24 @@ class KafkaRunConsumer:
             )
             self._tracker.complete(tp, message.offset)
             return
+        run = (task.run_id, task.attempt)
+        if run in self._recent_runs:
+            # Its first message holds the commit point until that run is done (it came first).
+            metrics.MESSAGES_SKIPPED.labels(self._config.tier, "duplicate_run").inc()
+            logger.info(
+                "skipping %s[%d]@%d: run %s attempt %d already ran here",
+                tp.topic,
+                tp.partition,
+                message.offset,
+                task.run_id,
+                task.attempt,
+                extra={**where, "run_id": task.run_id, "schedule_id": task.schedule_id},
+            )
+            self._tracker.complete(tp, message.offset)
+            return
+        self._recent_runs[run] = None
+        if len(self._recent_runs) > RECENT_RUNS:
+            self._recent_runs.popitem(last=False)
         self._spawn(tp, message.offset, lambda release: self._runner.run(task, release))
 
     async def _refuse(self, task: RunTask, reason: str, release: Callable[[], None]) -> None:
@@ -231,42 +298,176 @@ class KafkaRunConsumer:
 
     def _resume(self, consumer: Any) -> None:
         if self._paused:
-            paused = consumer.paused()
+            paused = set(consumer.paused()) - self._holding
             if paused:
                 consumer.resume(*paused)
             self._paused = False
 
-    async def _commit(self, consumer: Any, offsets: dict[TopicPartition, int]) -> None:
+    async def _commit(self, consumer: Any, commits: dict[TopicPartition, Commit]) -> None:
+        """Commits every partition's offset with its finished offsets above (one request)."""
         self._last_commit = asyncio.get_running_loop().time()
-        if not offsets:
+        if not commits:
             return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        # aiokafka retries a commit while the group coordinator is unreachable (a Kafka outage)
+        # instead of failing it: say so while waiting, rather than look healthy.
+        sent = asyncio.ensure_future(
+            consumer.commit({tp: (c.offset, c.metadata) for tp, c in commits.items()})
+        )
         try:
-            await consumer.commit(offsets)
+            done, _ = await asyncio.wait({sent}, timeout=COMMIT_SLOW)
+            if not done:
+                metrics.KAFKA_UP.labels(self._config.tier).set(0)
+                logger.warning(
+                    "Kafka has not taken an offset commit for %.0f s (is it down?); still "
+                    "trying, the runs in progress go on meanwhile",
+                    COMMIT_SLOW,
+                )
+            await sent
+            if not done:
+                logger.warning("Kafka took the offset commit after %.1f s", loop.time() - t0)
         except KafkaError as e:
             # The next commit carries these offsets again (or the new owner re-runs them).
-            logger.warning("committing offsets %s failed: %s", _fmt(offsets), e)
+            metrics.COMMIT_FAILURES.labels(self._config.tier).inc()
+            metrics.KAFKA_UP.labels(self._config.tier).set(0)
+            logger.warning("committing offsets %s failed: %s", _fmt(commits), e)
             return
-        self._tracker.mark_committed(offsets)
-        logger.debug("committed %s", _fmt(offsets))
+        metrics.KAFKA_UP.labels(self._config.tier).set(1)
+        self._tracker.mark_committed(commits)
+        logger.debug("committed %s", _fmt(commits))
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._holding -= revoked
         if not revoked:
             return
+        grace = self._config.revoke_grace
         running = [t for t, tp in self._tasks.items() if tp in revoked]
-        if running:
+        if running and grace > 0:
             logger.info(
-                "partitions %s revoked; waiting up to %.0f s for %d running handlers",
+                "partitions %s revoked; waiting up to %.1f s for %d running handlers",
                 _fmt_tps(revoked),
-                REVOKE_GRACE,
+                grace,
                 len(running),
             )
-            await asyncio.wait(running, timeout=REVOKE_GRACE)
-        offsets = self._tracker.revoke(revoked)
+            await asyncio.wait(running, timeout=grace)
+        # A stopping worker cancels what still runs, so it cannot promise to finish it.
+        hand_over = not self._stopping
+        still = sum(1 for t in running if not t.done())
+        commits = self._tracker.revoke(revoked, hand_over=hand_over)
+        if still and hand_over:
+            metrics.RUNS_HANDED_OVER.labels(self._config.tier).inc(still)
+            logger.info(
+                "partitions %s revoked with %d runs in progress: committed as handed over, "
+                "this worker finishes and reports them",
+                _fmt_tps(revoked),
+                still,
+            )
         if self._consumer is not None:
-            await self._commit(self._consumer, offsets)
+            await self._commit(self._consumer, commits)
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Resumes each newly assigned partition where its previous owner left it: from the
+        committed offset, skipping the runs the commit names as finished; a partition with no
+        commit starts ``new_group_lookback`` seconds back, not at the start of the retention."""
+        consumer = self._consumer
+        if not assigned or consumer is None:
+            return
+        # No record of these may be handed out before the tracker knows what to skip. This runs
+        # before the first await of the callback: nothing was fetched for them yet.
+        consumer.pause(*assigned)
+        self._holding |= assigned
+        try:
+            committed = await self._read_committed(assigned)
+            fresh: list[TopicPartition] = []
+            for tp in sorted(assigned):
+                meta = committed.get(tp)
+                if meta is None or meta.offset < 0:
+                    fresh.append(tp)
+                    continue
+                finished = decode_finished(meta.offset, meta.metadata)
+                self._tracker.restore(tp, meta.offset, finished)
+                if finished:
+                    logger.info(
+                        "%s[%d] resumes at offset %d; %d messages above it were finished "
+                        "by its previous owner and are skipped",
+                        tp.topic,
+                        tp.partition,
+                        meta.offset,
+                        len(finished),
+                    )
+            if fresh:
+                await self._start_fresh(consumer, fresh)
+        except (KafkaError, TimeoutError) as e:
+            logger.warning(
+                "could not read where partitions %s were left (%s); they resume from their "
+                "committed offsets (the earliest message without one), and runs finished "
+                "above those may run again",
+                _fmt_tps(assigned),
+                e or type(e).__name__,
+            )
+        finally:
+            self._holding -= assigned
+            if not self._paused:
+                mine = set(consumer.assignment())
+                ready = [tp for tp in assigned if tp in mine and tp not in self._holding]
+                if ready:
+                    consumer.resume(*ready)
+        logger.info("assigned partitions %s", _fmt_tps(assigned))
+
+    async def _read_committed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Any]:
+        """Each partition's committed offset and metadata (``OffsetAndMetadata``)."""
+        delay = 0.2
+        for attempt in range(1, _LOOKUP_ATTEMPTS + 1):
+            try:
+                result: dict[TopicPartition, Any] = await asyncio.wait_for(
+                    self._admin.list_consumer_group_offsets(
+                        self._config.group_id, partitions=list(tps)
+                    ),
+                    _LOOKUP_TIMEOUT,
+                )
+                return result
+            except (KafkaError, TimeoutError):
+                if attempt == _LOOKUP_ATTEMPTS:
+                    raise
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _start_fresh(self, consumer: Any, tps: list[TopicPartition]) -> None:
+        """Seeks partitions without a committed offset to the first message of the lookback
+        window (or to their end when none is that recent); with no lookback, leaves them to
+        ``auto_offset_reset`` (the earliest retained message)."""
+        lookback = self._config.new_group_lookback
+        if lookback <= 0:
+            return
+        since_ms = int((time.time() - lookback) * 1000)
+        found = await asyncio.wait_for(
+            consumer.offsets_for_times({tp: since_ms for tp in tps}), _LOOKUP_TIMEOUT
+        )
+        missing = [tp for tp in tps if found.get(tp) is None]
+        ends = (
+            await asyncio.wait_for(consumer.end_offsets(missing), _LOOKUP_TIMEOUT)
+            if missing
+            else {}
+        )
+        for tp in tps:
+            hit = found.get(tp)
+            offset = hit.offset if hit is not None else ends[tp]
+            consumer.seek(tp, offset)
+            logger.info(
+                "%s[%d] has no committed offset: starting at offset %d, %s",
+                tp.topic,
+                tp.partition,
+                offset,
+                f"its first message of the last {lookback:g} s"
+                if hit is not None
+                else f"its end (no message in the last {lookback:g} s)",
+            )
 
     async def _shutdown(self, consumer: Any) -> None:
         """Stops fetching, gives running handlers the grace period, commits, leaves the group."""
+        self._stopping = True
         self._pause(consumer)
         grace = self._config.shutdown_grace
         if self._tasks:
@@ -286,7 +487,8 @@ class KafkaRunConsumer:
                 await asyncio.gather(*still, return_exceptions=True)
         await self._commit(consumer, self._tracker.committable())
         await consumer.stop()
-        self._consumer = None
+        await self._admin.close()
+        self._consumer = self._admin = None
         logger.info("consumer stopped")
 
 
@@ -298,12 +500,15 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._owner._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        logger.info("assigned partitions %s", _fmt_tps(assigned))
+        await self._owner._on_assigned(set(assigned))
 
 
 def _fmt_tps(tps: set[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)) or "none"
 
 
-def _fmt(offsets: dict[TopicPartition, int]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]={o}" for tp, o in sorted(offsets.items()))
+def _fmt(commits: dict[TopicPartition, Commit]) -> str:
+    return ", ".join(
+        f"{tp.topic}[{tp.partition}]={c.offset}" + (f"+{len(c.finished)}" if c.finished else "")
+        for tp, c in sorted(commits.items())
+    )

@@ -22,9 +22,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from worker.errors import DuplicateHandler, HandlerImportError, UnknownHandler
+
+if TYPE_CHECKING:
+    from worker.threads import SyncThreads
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,10 @@ class HandlerContext:
     heartbeat: Callable[[], Awaitable[None]] = _no_heartbeat
     handler: str = ""
     manual: bool = False
+    # When the dispatcher enqueued this delivery (None if the message did not say). Two calls
+    # for one run_id and attempt with the same enqueue_time are one message delivered twice;
+    # different ones are the run fired twice (see docs/concepts/delivery.md).
+    enqueue_time: datetime | None = None
 
     def json(self) -> Any:
         """The payload decoded as JSON; ``None`` for an empty payload.
@@ -96,15 +103,20 @@ class HandlerRegistry:
         self._originals[name] = fn
         self._handlers[name] = _as_async(fn)
 
-    def get(self, name: str) -> AsyncHandlerFn:
+    def get(self, name: str, threads: SyncThreads | None = None) -> AsyncHandlerFn:
         """The handler registered under ``name`` as an async callable.
 
-        Raises :class:`UnknownHandler` when there is none.
+        A plain (sync) callable runs on ``threads`` when given (the worker's own bounded pool),
+        else on asyncio's default executor. Raises :class:`UnknownHandler` when there is none.
         """
         try:
-            return self._handlers[name]
+            fn = self._handlers[name]
         except KeyError:
             raise UnknownHandler(name) from None
+        original = self._originals[name]
+        if threads is not None and fn is not original:
+            return _on_threads(original, threads)
+        return fn
 
     def names(self) -> list[str]:
         """Every registered name, sorted."""
@@ -130,8 +142,10 @@ default_registry = HandlerRegistry()
 def handler(name: str, *, registry: HandlerRegistry | None = None) -> Callable[[F], F]:
     """Registers the decorated async or plain callable as the handler called ``name``.
 
-    Plain (sync) callables run in a worker thread via ``asyncio.to_thread`` so they do not block
-    the event loop; note that a timeout cannot stop a thread, only stop waiting for it.
+    Plain (sync) callables run on a thread of the worker's own pool
+    (``CRONSCALE_WORKER_SYNC_THREADS``) so they do not block the event loop; a timeout cannot
+    stop a thread: the run is reported TIMED_OUT on time and the thread finishes in the
+    background (see :mod:`worker.threads`).
     """
     return (registry or default_registry).handler(name)
 
@@ -167,6 +181,18 @@ def _as_async(fn: HandlerFn) -> AsyncHandlerFn:
     in_thread.__name__ = getattr(fn, "__name__", "handler")
     in_thread.__qualname__ = getattr(fn, "__qualname__", in_thread.__name__)
     return in_thread
+
+
+def _on_threads(fn: HandlerFn, threads: SyncThreads) -> AsyncHandlerFn:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "handler")
+
+    async def on_threads(ctx: HandlerContext) -> object:
+        result = await threads.run(fn, ctx, name=f"sync {name} {ctx.run_id}")
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    return on_threads
 
 
 def _describe(fn: object) -> str:

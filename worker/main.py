@@ -41,7 +41,14 @@ async def run_worker(
     ``registry`` defaults to the one ``@handler`` fills (built-ins included).
     """
     registry = registry or default_registry
-    builtin.configure_http(config.http_allow)
+    retries = metrics.REPORT_RETRIES.labels(config.tier)
+    api_up = metrics.API_UP.labels(config.tier)
+
+    def on_retry() -> None:
+        # The reporter logs why and retries with backoff; the runner sets it back on an ack.
+        retries.inc()
+        api_up.set(0)
+
     reporter = RunReporter(
         config.api_target,
         token=config.api_token,
@@ -50,7 +57,7 @@ async def run_worker(
             if config.api_ca_file
             else None
         ),
-        on_retry=metrics.REPORT_RETRIES.labels(config.tier).inc,
+        on_retry=on_retry,
     )
     await reporter.start()
     try:
@@ -61,7 +68,9 @@ async def run_worker(
             tier=config.tier,
             default_timeout=config.default_timeout,
             heartbeat_interval=config.heartbeat_interval,
+            sync_threads=config.sync_threads,
         )
+        builtin.configure_http(config.http_allow, runner.threads)
         await KafkaRunConsumer(config, runner).run(stop)
     finally:
         await reporter.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,44 @@ RUN_DURATION = Histogram(
 REPORT_RETRIES = Counter(
     "cronscale_worker_report_retries_total",
     "Batches of run events resent because the API did not take them.",
+    ["tier"],
+)
+
+API_UP = Gauge(
+    "cronscale_worker_api_up",
+    "1 while the API takes the worker's run reports, 0 from a failed report until one succeeds.",
+    ["tier"],
+)
+KAFKA_UP = Gauge(
+    "cronscale_worker_kafka_up",
+    "1 while the worker's last Kafka start or offset commit succeeded, 0 after a failure.",
+    ["tier"],
+)
+COMMIT_FAILURES = Counter(
+    "cronscale_worker_commit_failures_total",
+    "Offset commits Kafka did not take (retried with the next commit).",
+    ["tier"],
+)
+RUNS_HANDED_OVER = Counter(
+    "cronscale_worker_runs_handed_over_total",
+    "Runs still in progress when their partition was revoked, finished here and committed "
+    "as done for the next owner.",
+    ["tier"],
+)
+
+SYNC_THREADS_BUSY = Gauge(
+    "cronscale_worker_sync_threads_busy",
+    "Threads of the sync-handler pool running a handler (abandoned ones included).",
+    ["tier"],
+)
+SYNC_THREADS_ABANDONED = Gauge(
+    "cronscale_worker_sync_threads_overrunning",
+    "Sync handlers past their timeout or cancelled, still running in their thread.",
+    ["tier"],
+)
+SYNC_THREADS_ABANDONED_TOTAL = Counter(
+    "cronscale_worker_sync_threads_abandoned_total",
+    "Sync handlers given up on (timed out or cancelled) while their thread still ran.",
     ["tier"],
 )
 

@@ -19,6 +19,7 @@ from worker import metrics
 from worker.errors import NonRetryable, RetryAfter, UnknownHandler
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.messages import RunTask
+from worker.threads import SyncThreads
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,11 @@ class Runner:
         tier: str = "standard",
         default_timeout: float = 300.0,
         heartbeat_interval: float = 10.0,
+        sync_threads: int = 16,
     ) -> None:
         self._registry = registry
+        # Plain (sync) handlers run here, not on asyncio's shared default executor.
+        self.threads = SyncThreads(sync_threads, tier=tier)
         self._reporter = reporter
         self._worker_id = worker_id
         self._tier = tier
@@ -109,6 +113,7 @@ class Runner:
         self._failed = metrics.RUNS_FAILED.labels(tier)
         self._start_lag = metrics.START_LAG.labels(tier)
         self._duration = metrics.RUN_DURATION.labels(tier)
+        self._api_up = metrics.API_UP.labels(tier)
 
     async def run(
         self, task: RunTask, on_handler_done: Callable[[], None] | None = None
@@ -143,7 +148,7 @@ class Runner:
         try:
             await asyncio.sleep(0)  # let the STARTED event reach the reporter first
             try:
-                fn = self._registry.get(task.handler)
+                fn = self._registry.get(task.handler, self.threads)
             except UnknownHandler as e:
                 error = str(e)
             else:
@@ -204,9 +209,10 @@ class Runner:
         else:
             self._failed.inc()
             logger.warning(
-                "run %s %s FAILED in %.3fs (lag %.2fs): %s",
+                "run %s %s %s in %.3fs (lag %.2fs): %s",
                 task.run_id,
                 task.handler,
+                "TIMED_OUT" if state.timed_out else "FAILED",
                 duration,
                 lag,
                 error,
@@ -234,6 +240,7 @@ class Runner:
             heartbeat=heartbeat,
             handler=task.handler,
             manual=task.manual,
+            enqueue_time=task.enqueue_time,
         )
 
     async def _call(
@@ -357,7 +364,9 @@ class Runner:
             event.enqueue_time.FromDatetime(task.enqueue_time)
         if task.lease_expire_time is not None:
             event.lease_expire_time.FromDatetime(task.lease_expire_time)
-        return await self._reporter.report(event)
+        ack = await self._reporter.report(event)
+        self._api_up.set(1)
+        return ack
 
 
 def _ids(task: RunTask) -> dict[str, str]:

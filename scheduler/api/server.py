@@ -103,7 +103,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         service = ScheduleService(schedules=schedules, runs=runs, timers=timers)
 
-        tenancy = CassandraTenantStore(stores.session, keyspace=config.keyspace)
+        tenancy = stores.tenants
         await bootstrap_keys(config, tenancy)
         verifier = KeyVerifier(tenancy)
         audit_log = CassandraAuditLog(stores.session, keyspace=config.keyspace)

@@ -11,6 +11,7 @@ from bucketer.wheel import TimerWheel
 from scheduler import metrics
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
+from scheduler.fairness import CachedDirectory, Throttle
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.repair import RepairSweep
@@ -48,6 +49,10 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                     schedules=schedules,
                 ),
                 topic=config.topic,
+                tenants=CachedDirectory(stores.tenants.limits),
+                throttle=Throttle(
+                    share=lambda: len(wheel.owned_shards) / max(timers.shard_count, 1)
+                ),
                 failures=failures_of(stores),
                 dead_letters=DeadLetterPublisher(
                     dead_letters=stores.dead_letters,

@@ -7,7 +7,8 @@ log records that the handler ran, whatever happens next. The payload is
 
 The line carries what the proof needs and nothing the scheduler's own bookkeeping decides:
 ``run_id``, ``schedule_id``, ``scheduled_for`` (ISO 8601, UTC), ``attempt``, ``start`` (the
-handler's start, epoch seconds), ``handler`` and the worker's ``pid``.
+handler's start, epoch seconds), ``handler``, the worker's ``pid`` and ``enqueued`` (the run
+message's enqueue time: the same on a redelivered or re-sent message, new on a refired run).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ async def record(ctx: HandlerContext) -> dict[str, Any]:
             "start": start,
             "handler": ctx.handler,
             "pid": os.getpid(),
+            "enqueued": ctx.enqueue_time.isoformat() if ctx.enqueue_time else "",
         },
         separators=(",", ":"),
     )

@@ -126,6 +126,10 @@ class ChaosOptions:
     """Where logs, the execution log and the report go (default: a new temp folder)."""
     keep_data: bool = False
     """Keep the private Cassandra and Kafka data (for a post-mortem with cqlsh) after the run."""
+    static_workers: bool = True
+    """Workers join as Kafka static members (CRONSCALE_WORKER_GROUP_INSTANCE_ID = their name),
+    as fixed worker slots would in production: a restarted worker takes its partitions back
+    without a rebalance."""
 
     def __post_init__(self) -> None:
         if self.restart_services and not self.private_services:
@@ -259,7 +263,12 @@ def start_fleet(config: Config, logs: Path, options: ChaosOptions, env: dict[str
         fleet.launch(
             f"worker{i}",
             ("worker", "--log-level", "WARNING", "--import", "tests.chaos.handlers"),
-            {"CRONSCALE_API": target},
+            {
+                "CRONSCALE_API": target,
+                "CRONSCALE_WORKER_GROUP_INSTANCE_ID": f"worker{i}"
+                if options.static_workers
+                else "",
+            },
         )
     for name, target in fleet.api_targets.items():
         if not wait_serving(target, 60):
@@ -692,14 +701,21 @@ def run_chaos(options: ChaosOptions) -> Report:
             options.stuck_bound_s + 5,
         )
         runs = read_runs(fleet, planned)
-        # The last slots' retries may still be under way: wait until the DLQ stops growing.
+        # The always-failing runs of the window go through three attempts, each behind the
+        # backlog the faults left: wait (bounded) until none of them is still between attempts,
+        # then read the DLQ.
+        hopeless = [s for s in planned if s.handler in (handlers.FAIL, handlers.HANG)]
+
+        def settled() -> bool:
+            runs_now = read_runs(fleet, hopeless)
+            return all(
+                r.status == "DEAD_LETTERED"
+                for r in runs_now
+                if window_start <= r.scheduled_for < window_end
+            )
+
+        _wait(settled, options.drain_timeout_s, poll=5.0)
         letters = read_dead_letters(fleet, planned)
-        for _ in range(12):
-            time.sleep(5)
-            again = read_dead_letters(fleet, planned)
-            if len(again) == len(letters):
-                break
-            letters = again
         executions, bad = read_executions(exec_dir)
         report = build_report(
             schedules=planned,
@@ -719,7 +735,8 @@ def run_chaos(options: ChaosOptions) -> Report:
         report.notes += injector.notes
         report.notes.append(
             f"code {version}; seed {seed}; artifacts (process logs, execution log) in {out}; "
-            f"keyspace {config.keyspace}"
+            f"keyspace {config.keyspace}; workers "
+            + ("static members" if options.static_workers else "dynamic members")
         )
         (out / "report.md").write_text(report.render())
         return report
@@ -762,6 +779,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="use the running local stack (own keyspace/topic); no Cassandra/Kafka restarts",
     )
+    p.add_argument(
+        "--dynamic-workers",
+        action="store_true",
+        help="workers join the consumer group as new members on every start (no static ids)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -776,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_data=args.keep_data,
         private_services=not args.shared_services,
         restart_services=not args.shared_services,
+        static_workers=not args.dynamic_workers,
     )
     report = run_chaos(options)
     sys.stdout.write(report.render())

@@ -46,6 +46,9 @@ class Execution:
     start: float
     handler: str
     pid: int
+    # The run message's enqueue time (ISO 8601; empty if unknown): the same for one message
+    # delivered twice, new for a run fired twice.
+    enqueued: str = ""
 
     @property
     def lag(self) -> float:
@@ -145,6 +148,11 @@ class Report:
     duration_s: float
     dlq: DlqCheck
     notes: list[str] = field(default_factory=list)
+    # Duplicate executions by what caused them: "same message again" (the same enqueue time: one
+    # Kafka record delivered again, or the same message sent again after a send timed out), "run
+    # fired again" (a new enqueue time: the dispatcher side), the former split by whether the
+    # same worker process ran it again.
+    duplicates_by_cause: dict[str, int] = field(default_factory=dict)
 
     @property
     def expected(self) -> int:
@@ -178,6 +186,10 @@ class Report:
             f"and attempt again): {self.duplicate_executions} = "
             f"{100 * self.duplicate_rate:.2f}% of executed slots, over "
             f"{len(self.duplicated_runs)} runs",
+            "- duplicate executions by cause: "
+            + (
+                ", ".join(f"{k} {n}" for k, n in sorted(self.duplicates_by_cause.items())) or "none"
+            ),
             "- duplicate executions by the fault window they started in: "
             + (
                 ", ".join(f"{k} {n}" for k, n in sorted(self.duplicates_by_fault.items())) or "none"
@@ -269,6 +281,7 @@ def read_executions(log_dir: Path) -> tuple[list[Execution], int]:
                         start=float(doc["start"]),
                         handler=str(doc["handler"]),
                         pid=int(doc["pid"]),
+                        enqueued=str(doc.get("enqueued", "")),
                     )
                 )
             except (ValueError, KeyError, TypeError):
@@ -356,6 +369,17 @@ def dlq_accounting(
     return check
 
 
+def _cause(again: Execution, earlier: list[Execution]) -> str:
+    """Why ``again`` ran although ``earlier`` executions of its run and attempt did."""
+    if not again.enqueued:
+        return "unknown"
+    same = [e for e in earlier if e.enqueued == again.enqueued]
+    if not same:
+        return "run fired again"
+    where = "same worker" if any(e.pid == again.pid for e in same) else "another worker"
+    return f"same message again ({where})"
+
+
 def in_fault(t: float, faults: Iterable[FaultWindow], grace_s: float) -> bool:
     """Whether a slot at ``t`` falls inside a fault window or the ``grace_s`` after it."""
     return any(f.start <= t <= f.end + grace_s for f in faults)
@@ -409,12 +433,15 @@ def build_report(
     duplicate_executions = sum(n - 1 for n in per_attempt.values() if n > 1)
     per_run = Counter(e.run_id for e in in_window)
     duplicated_runs = sorted(((r, n) for r, n in per_run.items() if n > 1), key=lambda x: -x[1])
-    seen: set[tuple[str, int]] = set()
+    seen: dict[tuple[str, int], list[Execution]] = {}
     duplicates_by_fault: Counter[str] = Counter()
+    duplicates_by_cause: Counter[str] = Counter()
     for e in sorted(in_window, key=lambda e: e.start):
-        if (e.run_id, e.attempt) not in seen:
-            seen.add((e.run_id, e.attempt))
+        earlier = seen.setdefault((e.run_id, e.attempt), [])
+        earlier.append(e)
+        if len(earlier) == 1:
             continue
+        duplicates_by_cause[_cause(e, earlier[:-1])] += 1
         kinds = sorted({f.kind for f in faults if f.start <= e.start <= f.end + fault_grace_s})
         duplicates_by_fault["+".join(kinds) or "no fault"] += 1
     split_slots = [
@@ -452,6 +479,7 @@ def build_report(
         duplicate_executions=duplicate_executions,
         duplicated_runs=duplicated_runs,
         duplicates_by_fault=dict(duplicates_by_fault),
+        duplicates_by_cause=dict(duplicates_by_cause),
         split_slots=split_slots,
         unexpected=unexpected,
         dlq=dlq_accounting(schedules, letters or [], window_start, window_end, max_attempts),

@@ -1,6 +1,7 @@
 """The short fault-injection proof: every kind of fault on the real fleet, judged from the
 handlers' execution log. Nothing lost, nothing stuck; the duplicate rate is printed, not
-asserted (today's worker re-runs what it had not committed; see docs/operations/chaos.md)."""
+asserted (a worker killed with outcomes the API had not acknowledged, or while Kafka was down,
+has those runs re-run by its successor; see docs/operations/chaos.md)."""
 
 from __future__ import annotations
 

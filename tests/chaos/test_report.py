@@ -116,3 +116,39 @@ def test_dlq_accounting_wants_exactly_the_hopeless_runs_after_max_attempts() -> 
     assert check.wrong_attempts == [short] and check.unexpected == [stray] and not check.missing
     assert not check.ok
     assert dlq_accounting([bad, ok], [*good, replace(short, attempts=3)], T0, end, 3).ok
+
+
+def test_duplicates_are_told_apart_by_their_message() -> None:
+    """The same enqueue time again is one message run twice (by the same worker or another);
+    a new one is the run fired twice."""
+    ok = ChaosSchedule(schedule_id="ok", handler=OK, cron="*/2 * * * * *")
+    end = T0 + timedelta(seconds=10)
+    slots = expected_slots(ok.cron, T0, end)
+    first = [replace(_exec("ok", t, 0.1), enqueued=f"{t:%S}.0") for t in slots]
+    again = [
+        replace(first[0], start=first[0].start + 1),
+        replace(first[1], start=first[1].start + 1, pid=2),
+        replace(first[2], start=first[2].start + 1, enqueued="refired"),
+        replace(first[3], start=first[3].start + 1, enqueued=""),
+    ]
+    report = build_report(
+        schedules=[ok],
+        executions=[*first, *again],
+        malformed_lines=0,
+        runs=[],
+        faults=[],
+        window_start=T0,
+        window_end=end,
+        stuck_before=end,
+        stuck_bound_s=30,
+        fault_grace_s=1.0,
+        duration_s=10,
+    )
+    assert report.duplicate_executions == 4
+    assert report.duplicates_by_cause == {
+        "same message again (same worker)": 1,
+        "same message again (another worker)": 1,
+        "run fired again": 1,
+        "unknown": 1,
+    }
+    assert "same message again (another worker) 1" in report.render()

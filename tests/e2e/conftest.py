@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -20,7 +19,7 @@ from bucketer.cql import connect
 from cronscale.v1 import scheduler_service_pb2_grpc
 from ops.migrate import migrate
 from scheduler.config import Config
-from scheduler.credentials import make_token
+from scheduler.credentials import authed_channel, make_token
 from tests.services import require_services, test_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,32 +29,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class BearerAuth(grpc.UnaryUnaryClientInterceptor):
-    """Adds ``authorization: Bearer <key>`` to every unary call of a blocking channel."""
-
-    def __init__(self, key: str) -> None:
-        self._key = key
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        metadata = (*(details.metadata or ()), ("authorization", f"Bearer {self._key}"))
-        return continuation(_CallDetails(details, metadata), request)
-
-
-class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, base: Any, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
-        self.method = base.method
-        self.timeout = base.timeout
-        self.metadata = metadata
-        self.credentials = base.credentials
-        self.wait_for_ready = getattr(base, "wait_for_ready", None)
-        self.compression = getattr(base, "compression", None)
-
-
-def authed_channel(target: str, key: str) -> grpc.Channel:
-    """A blocking channel to ``target`` whose calls carry ``key``."""
-    return grpc.intercept_channel(grpc.insecure_channel(target), BearerAuth(key))
 
 
 class Stack:

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
 from cronscale.v1 import run_reporting_service_pb2_grpc as rr_grpc
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
-from tests.e2e.conftest import Stack, authed_channel
+from scheduler.credentials import authed_channel
+from tests.e2e.conftest import Stack
 from tests.e2e.support import create_schedule, cron_spec, ts
 
 

@@ -4,6 +4,7 @@ through the real api, dispatcher and worker on the real Cassandra and Kafka."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -136,6 +137,14 @@ def test_a_failing_run_is_retried_with_backoff_then_dead_lettered(stack: Stack) 
     assert [d.run_id for d in listed.dead_letters] == [run_id]
     overall = _dlq(stack).ListDeadLetters(dl_pb2.ListDeadLettersRequest(), timeout=10)
     assert run_id in {d.run_id for d in overall.dead_letters}
+
+    # The CLI shows the same.
+    api = ["--api", stack.config.api_target]
+    shown = stack.cli("dlq", "get", run_id, "--json", *api)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["attempts"] == 3
+    listed_cli = stack.cli("dlq", "list", "--schedule", sid, *api)
+    assert listed_cli.returncode == 0 and run_id in listed_cli.stdout
 
     (message,) = _dlq_messages(stack, run_id, want=1)
     assert message.attempts == 3 and len(message.history) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -13,7 +14,7 @@ from bucketer.cassandra import CassandraTimerStore, LostOwnership
 from bucketer.cql import write_grouped
 from bucketer.keys import minute_bucket
 from bucketer.model import Checkpoint, ShardLease, Timer
-from bucketer.scanner import OnDue, OnPoison, WheelScanner
+from bucketer.scanner import POISON_STRIKES, OnDue, OnPoison, WheelScanner
 from scheduler.config import Config
 
 
@@ -290,6 +291,54 @@ async def test_an_outage_is_not_poison(store: CassandraTimerStore) -> None:
     assert sorted(fired) == sorted(t.timer_id for t in timers) and quarantined == []
 
 
+async def test_an_outage_of_what_one_kind_needs_is_not_poison_while_other_kinds_fire(
+    store: CassandraTimerStore,
+) -> None:
+    """Kafka down: timers that produce ("fire") fail transiently while timers that need only
+    Cassandra ("lease") go through, round after round. The failing ones are not taken for
+    poison (they would be quarantined, their schedules stopped): they wait for Kafka."""
+    shard, now = 5, datetime.now(UTC)
+
+    def timer(kind: str, i: int) -> Timer:
+        return Timer(
+            fire_time=now - timedelta(seconds=1),
+            # Leases sort first: handed (fine) before the fire timers fail each round.
+            timer_id=f"{'0' if kind == 'lease' else '1'}-{kind}-{i}",
+            shard=shard,
+            kind=kind,
+            key=f"{kind}{i}",
+        )
+
+    await store.put([timer("fire", 0), timer("fire", 1)], now=now - timedelta(seconds=2))
+    kafka_down = True
+    fired: list[str] = []
+    quarantined: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        if kafka_down and any(t.kind == "fire" for t in batch):
+            raise ConnectionRefusedError("Kafka is down")
+        fired.extend(t.timer_id for t in batch)
+
+    async def on_poison(t: Timer, error: BaseException) -> None:
+        quarantined.append(t.timer_id)
+
+    claimed = await _claim(store, shard, "kinds")
+    # One timer per batch, so each fails or goes through on its own.
+    scanner = WheelScanner(store, on_due, on_poison=on_poison, batch=1)
+    await scanner.add_shard(claimed)
+    for rnd in range(POISON_STRIKES + 3):
+        # Each round, a lease-like timer comes due and goes through.
+        await store.put([timer("lease", rnd)], now=now - timedelta(seconds=2))
+        await scanner.read(datetime.now(UTC))
+        with contextlib.suppress(ConnectionRefusedError):
+            await scanner.fire_due()
+    assert quarantined == []
+    assert sum("lease" in f for f in fired) == POISON_STRIKES + 3
+    kafka_down = False
+    await scanner.fire_due()
+    assert {"1-fire-0", "1-fire-1"} <= set(fired) and quarantined == []
+
+
 async def test_a_member_that_cannot_prove_its_lease_stops_firing(
     session: Session, migrated: Config
 ) -> None:
@@ -528,3 +577,39 @@ async def test_a_settled_timer_never_fires_whichever_write_lands_first(
     await scanner.fire_due()
     # (The shard may hold other tests' timers.)
     assert [f for f in fired if f in ("after", "before", "kept")] == ["kept"]
+
+
+async def test_due_timers_of_a_slow_grouped_write_are_put_again_where_scanners_read(
+    store: CassandraTimerStore,
+) -> None:
+    """A firing batch writes its already-due next timers at the instant it stamped them; one
+    that took longer than the grace lets a checkpoint pass that instant (the chain would end).
+    ``repeat_if_slow`` puts them again at a fresh instant; a quick write changes nothing."""
+    shard = 6
+    stamped = datetime.now(UTC) - timedelta(seconds=3)  # the write took 3 s
+    due = Timer(fire_time=stamped, timer_id="slow-due", shard=shard, kind="t", key="slow")
+    later = Timer(
+        fire_time=stamped + timedelta(minutes=5),
+        timer_id="slow-later",
+        shard=shard,
+        kind="t",
+        key="slow",
+    )
+    await write_grouped(store._session, store.rows([due, later], now=stamped))
+    await store.repeat_if_slow([due, later], written_at=stamped)
+    rows = store._session.execute(
+        f"SELECT fire_time, timer_id FROM {store._q.keyspace}.timers "
+        "WHERE key = 'slow' ALLOW FILTERING"
+    )
+    copies = sorted((r.timer_id, r.fire_time.replace(tzinfo=UTC)) for r in rows)
+    assert [tid for tid, _ in copies] == ["slow-due", "slow-due", "slow-later"]
+    assert max(t for tid, t in copies if tid == "slow-due") > stamped + timedelta(seconds=2)
+
+    quick = datetime.now(UTC)
+    fresh = Timer(fire_time=quick, timer_id="quick-due", shard=shard, kind="t", key="quick")
+    await write_grouped(store._session, store.rows([fresh], now=quick))
+    await store.repeat_if_slow([fresh], written_at=quick)
+    rows = store._session.execute(
+        f"SELECT timer_id FROM {store._q.keyspace}.timers WHERE key = 'quick' ALLOW FILTERING"
+    )
+    assert [r.timer_id for r in rows] == ["quick-due"]

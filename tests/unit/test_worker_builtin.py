@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ipaddress
 import json
@@ -581,3 +582,51 @@ async def test_https_sends_the_url_host_as_sni_and_host_and_checks_the_certifica
     assert (await builtin.http(post(f"https://localhost:{port}/tls")))["status"] == 200
     assert server_names[-1] == "localhost"
     assert state.requests[0][1]["Host"] == f"localhost:{port}"
+
+
+async def test_http_requests_past_their_deadline_do_not_use_up_the_threads(
+    http_server: tuple[str, _Server],
+) -> None:
+    """More requests to a server that never answers than asyncio's default executor has threads
+    time out; on the worker's pool they are abandoned, and the next request goes out at once."""
+    url, _ = http_server
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # accepts connections (the kernel does) and never answers
+    registry = HandlerRegistry()
+    builtin.register_builtins(registry)
+    runner = Runner(registry=registry, reporter=_Acks(), worker_id="w", sync_threads=8)
+    builtin.configure_http(HttpAllow.parse("127.0.0.0/8", "test"), runner.threads)
+    hung = {"url": f"http://127.0.0.1:{silent.getsockname()[1]}/", "timeout": 30}
+    try:
+        await asyncio.gather(
+            *(runner.run(_task(f"hung-{i}", hung, max_runtime=0.3)) for i in range(8))
+        )
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        outcome = await runner.run(_task("next", {"url": f"{url}/hook"}, max_runtime=5))
+        assert outcome.succeeded, outcome.error
+        assert loop.time() - t0 < 2
+        assert runner.threads.abandoned == 8
+    finally:
+        silent.close()
+
+
+class _Acks:
+    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
+        return pb.RunEventAck(run_id=event.run_id)
+
+
+def _task(run_id: str, payload: dict[str, Any], max_runtime: float) -> RunTask:
+    return RunTask(
+        run_id=run_id,
+        schedule_id="s",
+        tenant="acme",
+        handler="http",
+        payload=json.dumps(payload).encode(),
+        scheduled_for=datetime.now(UTC),
+        enqueue_time=None,
+        attempt=1,
+        manual=False,
+        max_runtime=max_runtime,
+    )

@@ -21,6 +21,8 @@ def test_defaults() -> None:
     assert config.default_timeout == 300
     assert config.metrics_port == 0
     assert config.instance_id  # host-pid
+    assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (2, 600, 16)
+    assert config.group_instance_id == ""
 
 
 def test_environment_overrides() -> None:
@@ -34,6 +36,10 @@ def test_environment_overrides() -> None:
             "CRONSCALE_WORKER_DEFAULT_TIMEOUT": "2.5",
             "CRONSCALE_INSTANCE_ID": "w-7",
             "CRONSCALE_METRICS_PORT": "9400",
+            "CRONSCALE_WORKER_REVOKE_GRACE": "0.5",
+            "CRONSCALE_WORKER_NEW_GROUP_LOOKBACK": "0",
+            "CRONSCALE_WORKER_SYNC_THREADS": "4",
+            "CRONSCALE_WORKER_GROUP_INSTANCE_ID": " worker-3 ",
         }
     )
     assert config.topic == "t1.runs.premium"
@@ -41,6 +47,8 @@ def test_environment_overrides() -> None:
     assert (config.kafka_bootstrap, config.api_target) == ("kafka:9092", "api:50051")
     assert (config.concurrency, config.default_timeout) == (8, 2.5)
     assert (config.instance_id, config.metrics_port) == ("w-7", 9400)
+    assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (0.5, 0, 4)
+    assert config.group_instance_id == "worker-3"
 
 
 @pytest.mark.parametrize(
@@ -49,6 +57,9 @@ def test_environment_overrides() -> None:
         ({"CRONSCALE_WORKER_CONCURRENCY": "many"}, "CRONSCALE_WORKER_CONCURRENCY must be a number"),
         ({"CRONSCALE_WORKER_CONCURRENCY": "0"}, "concurrency must be at least 1"),
         ({"CRONSCALE_WORKER_DEFAULT_TIMEOUT": "-1"}, "default timeout must be positive"),
+        ({"CRONSCALE_WORKER_REVOKE_GRACE": "-1"}, "revoke grace must not be negative"),
+        ({"CRONSCALE_WORKER_NEW_GROUP_LOOKBACK": "-5"}, "lookback must not be negative"),
+        ({"CRONSCALE_WORKER_SYNC_THREADS": "0"}, "sync threads must be at least 1"),
     ],
 )
 def test_bad_values_are_named(env: dict[str, str], problem: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -138,11 +139,13 @@ async def test_context_heartbeat_sends_heartbeat_events() -> None:
         await ctx.heartbeat()  # coalesced: less than a second after the first
 
     registry.register("beating", beating)
-    await runner.run(task("beating", b'{"k": 1}'))
+    enqueued = datetime.now(UTC) - timedelta(seconds=1)
+    await runner.run(replace(task("beating", b'{"k": 1}'), enqueue_time=enqueued))
     assert reporter.kinds() == ["STARTED", "HEARTBEAT", "SUCCEEDED"]
     ctx = seen[0]
     assert (ctx.run_id, ctx.schedule_id, ctx.tenant, ctx.attempt) == ("run-1", "sched-1", "acme", 3)
     assert ctx.json() == {"k": 1}
+    assert ctx.enqueue_time == enqueued
 
 
 async def test_long_runs_heartbeat_on_their_own() -> None:
@@ -198,12 +201,13 @@ async def test_a_handler_that_turns_the_cancel_into_an_error_is_still_cancelled(
     assert reporter.events[-1].error == outcome.error
 
 
-async def test_a_timeout_is_timed_out_not_cancelled() -> None:
+async def test_a_timeout_is_timed_out_not_cancelled(caplog: pytest.LogCaptureFixture) -> None:
     reporter = RecordingReporter()
     runner, _ = make_runner(reporter, heartbeat_interval=0.05)
     outcome = await runner.run(task("sleep", b'{"seconds": 30}', max_runtime=0.2))
     assert not outcome.cancelled and outcome.error.startswith("timed out")
     assert reporter.kinds()[-1] == "TIMED_OUT"
+    assert "run run-1 sleep TIMED_OUT in" in caplog.text
 
 
 async def test_cancelling_the_runner_cancels_the_handler_and_reports_nothing() -> None:

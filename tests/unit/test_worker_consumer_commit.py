@@ -1,0 +1,59 @@
+"""The consumer's commit while Kafka does not answer: said in the log and on the gauge."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import TopicPartition
+from prometheus_client import REGISTRY
+
+from worker import consumer as consumer_module
+from worker.config import WorkerConfig
+from worker.consumer import KafkaRunConsumer
+from worker.handlers import HandlerRegistry
+from worker.offsets import Commit
+from worker.runner import Runner
+
+
+class SlowCommits:
+    """Takes commits only once ``answer`` is set, as aiokafka does while the coordinator is
+    unreachable (it retries inside ``commit``)."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.committed: list[dict[TopicPartition, tuple[int, str]]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+        await self.answer.wait()
+        self.committed.append(offsets)
+
+
+class NoReports:
+    async def report(self, event: object) -> object:
+        raise AssertionError("nothing is reported here")
+
+
+def _kafka_up(tier: str) -> float | None:
+    return REGISTRY.get_sample_value("cronscale_worker_kafka_up", {"tier": tier})
+
+
+async def test_a_commit_kafka_does_not_take_marks_kafka_down_until_it_does(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(consumer_module, "COMMIT_SLOW", 0.05)
+    config = WorkerConfig(tier="commit-test")
+    runner = Runner(registry=HandlerRegistry(), reporter=NoReports(), worker_id="w")  # type: ignore[arg-type]
+    consumer = KafkaRunConsumer(config, runner)
+    kafka = SlowCommits()
+    tp = TopicPartition("t", 0)
+    committing = asyncio.create_task(consumer._commit(kafka, {tp: Commit(offset=5, finished=(7,))}))
+    await asyncio.sleep(0.2)
+    assert not committing.done()
+    assert _kafka_up("commit-test") == 0
+    assert "Kafka has not taken an offset commit" in caplog.text
+    kafka.answer.set()
+    await asyncio.wait_for(committing, 1)
+    assert _kafka_up("commit-test") == 1
+    assert "Kafka took the offset commit after" in caplog.text
+    assert kafka.committed == [{tp: (5, "cs1:2")}]
