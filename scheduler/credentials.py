@@ -4,7 +4,10 @@ A process's key comes from ``--api-key`` or ``CRONSCALE_API_KEY``. Without eithe
 talking to an API on loopback uses the local stack's development admin key: generated once
 into ``<local home>/dev-keys.json`` (mode 0600; ``CRONSCALE_LOCAL_HOME``, default
 ``<repo>/.local``), stored by ``cronscale dev`` and the e2e stack as bootstrap keys, so the
-README's tour runs with no extra step. Never used for a remote API.
+README's tour runs with no extra step. Never used for a remote API. An api started against
+the local stack (API and Cassandra on loopback) with no bootstrap keys stores these
+(``with_dev_keys``), and a worker reporting to an API on loopback with no key uses the worker
+key of the same file (``worker.config``).
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from scheduler.config import Config
 from scheduler.tenancy import KEY_PREFIX
 
 DEV_KEYS_FILE = "dev-keys.json"
@@ -54,12 +58,37 @@ def dev_keys(home: Path, *, create: bool) -> DevKeys | None:
             return None
     keys = DevKeys(admin=make_token(), worker=make_token())
     home.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{DEV_KEYS_FILE}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"admin": keys.admin, "worker": keys.worker}, f)
-    os.replace(tmp, path)
+    try:
+        # Whole or not at all, and the first writer wins: an api and a worker starting
+        # together agree on one pair.
+        os.link(tmp, path)
+    except FileExistsError:
+        return dev_keys(home, create=False)
+    finally:
+        tmp.unlink()
     return keys
+
+
+def is_local(config: Config) -> bool:
+    """Whether a process runs against the local stack: the API and Cassandra on loopback."""
+    return _loopback(config.api_listen) and all(
+        h in ("127.0.0.1", "localhost", "::1") for h in config.cassandra_hosts
+    )
+
+
+def with_dev_keys(config: Config) -> Config:
+    """``config`` with the local stack's development keys as its bootstrap keys, when it runs
+    against the local stack and names none: so an api started by hand, by `cronscale dev` or by
+    the load harness accepts the keys the CLI and worker pick up there on their own."""
+    if config.bootstrap_admin_key or config.bootstrap_worker_key or not is_local(config):
+        return config
+    keys = dev_keys(local_home(), create=True)
+    assert keys is not None
+    return replace(config, bootstrap_admin_key=keys.admin, bootstrap_worker_key=keys.worker)
 
 
 def _loopback(target: str) -> bool:

@@ -210,8 +210,10 @@ class ScheduleService:
         now = self._clock()
         if request_id:
             wanted = schedule_id or str(uuid.uuid4())
+            # Per tenant: another tenant's request_id must neither collide with this one nor
+            # answer with its schedule.
             schedule_id = await self.requests.claim(
-                f"create:{validate_request_id(request_id)}", wanted
+                f"create:{draft.tenant}:{validate_request_id(request_id)}", wanted
             )
             if schedule_id != wanted:
                 try:

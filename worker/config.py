@@ -7,11 +7,13 @@ stack (the defaults) or a production cluster; ``cronscale worker`` options overr
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from worker.errors import ConfigError
 
@@ -170,7 +172,9 @@ class WorkerConfig:
             topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX") or "cronscale.runs",
             tier=e.get("CRONSCALE_TIER") or "standard",
             api_target=e.get("CRONSCALE_API") or "127.0.0.1:50051",
-            api_token=e.get("CRONSCALE_API_TOKEN") or e.get("CRONSCALE_API_KEY", ""),
+            api_token=e.get("CRONSCALE_API_TOKEN")
+            or e.get("CRONSCALE_API_KEY")
+            or _dev_worker_key(e, e.get("CRONSCALE_API") or "127.0.0.1:50051"),
             api_ca_file=e.get("CRONSCALE_TLS_CA_FILE", ""),
             concurrency=int(_num("CRONSCALE_WORKER_CONCURRENCY", 64, int)),
             default_timeout=_num("CRONSCALE_WORKER_DEFAULT_TIMEOUT", 300.0, float),
@@ -195,3 +199,16 @@ class WorkerConfig:
     def group_id(self) -> str:
         """The consumer group shared by every worker of this tier."""
         return f"{self.topic_prefix}.{self.tier}.workers"
+
+
+def _dev_worker_key(env: Mapping[str, str], api_target: str) -> str:
+    """The local stack's development worker key (``<local home>/dev-keys.json``, written by
+    ``scheduler.credentials``) when the API is on loopback and no key is configured; "" else."""
+    host = api_target.rsplit(":", 1)[0].strip("[]")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return ""
+    home = Path(env.get("CRONSCALE_LOCAL_HOME") or Path(__file__).resolve().parents[1] / ".local")
+    try:
+        return str(json.loads((home.expanduser() / "dev-keys.json").read_text())["worker"])
+    except (OSError, ValueError, KeyError):
+        return ""

@@ -115,9 +115,10 @@ def _start_process(args: argparse.Namespace) -> Config:
 
 def api(args: argparse.Namespace) -> int:
     """``cronscale api``: the gRPC API server (``scheduler.api.server.serve``)."""
-    config = _start_process(args)
     from scheduler.api.server import serve
+    from scheduler.credentials import with_dev_keys
 
+    config = with_dev_keys(_start_process(args))
     return run_service(lambda: serve(config))
 
 

@@ -551,3 +551,22 @@ def test_every_mutating_rpc_leaves_an_audit_entry(world: World) -> None:
     assert mine and {m.tenant_id for m in mine} == {world.tenants["own"]}
     methods = audit_service_pb2.DESCRIPTOR.services_by_name["AuditService"].methods
     assert [m.name for m in methods] == ["ListAuditEvents"]
+
+
+def test_a_create_request_id_is_scoped_to_the_tenant(world: World) -> None:
+    request_id = f"authz-{uuid.uuid4().hex}"
+    mine = scheduler_service_pb2_grpc.SchedulerServiceStub(world.channels["tenant-admin"])
+    first = mine.CreateSchedule(
+        S.CreateScheduleRequest(schedule=_cron("", "rid"), request_id=request_id), timeout=15
+    )
+    again = mine.CreateSchedule(
+        S.CreateScheduleRequest(schedule=_cron("", "rid"), request_id=request_id), timeout=15
+    )
+    assert again.id == first.id
+    other = world.admin().CreateSchedule(
+        S.CreateScheduleRequest(
+            schedule=_cron(world.tenants["foreign"], "rid"), request_id=request_id
+        ),
+        timeout=15,
+    )
+    assert other.id != first.id and other.tenant == world.tenants["foreign"]
