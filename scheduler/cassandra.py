@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -505,12 +505,17 @@ class CassandraRunStore:
                     )
         return items
 
-    async def delivered(self, run_ids: Sequence[str]) -> set[str]:
-        """Which of ``run_ids`` a worker has taken (RUNNING, or an outcome recorded): their
-        messages reached Kafka. For the few timers a new shard owner may be firing a second
-        time, never for every firing."""
+    async def delivered(self, attempts: Mapping[str, int]) -> set[str]:
+        """Which of the runs a worker has taken *at* the given attempt or a later one (RUNNING,
+        or an outcome recorded): their messages reached Kafka. A retry's run shows its earlier
+        attempt's outcome, which does not mean the retry was taken. For the few timers a new
+        shard owner may be firing a second time, never for every firing."""
         return await self._runs_where(
-            "get_run_status", run_ids, lambda row: row.status not in (None, *_NOT_TAKEN)
+            "get_run_status",
+            list(attempts),
+            lambda row: (
+                row.status not in (None, *_NOT_TAKEN) and (row.attempt or 1) >= attempts[row.run_id]
+            ),
         )
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:

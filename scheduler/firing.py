@@ -513,7 +513,8 @@ class Firing:
         The rest of the plan (next timers, skips) is written again, idempotently: the previous
         owner may have stopped part way through writing it. A run recorded but not taken is
         produced again: its message may never have reached Kafka."""
-        taken = await self._runs.delivered(sorted(recheck))
+        attempts = {run.run_id: run.attempt for _s, run in plan.enqueue if run.run_id in recheck}
+        taken = await self._runs.delivered(attempts)
         if not taken:
             return
         plan.enqueue = [(s, run) for s, run in plan.enqueue if run.run_id not in taken]

@@ -11,7 +11,7 @@ costs a round trip of its own per run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -122,8 +122,9 @@ class RunStore(Protocol):
         whose lease came due unsettled or whose retry is due."""
         ...
 
-    async def delivered(self, run_ids: Sequence[str]) -> set[str]:
-        """Which runs a worker has taken (for timers a new shard owner may fire again)."""
+    async def delivered(self, attempts: Mapping[str, int]) -> set[str]:
+        """Which runs a worker has taken at the given attempt or a later one (for timers a new
+        shard owner may fire again)."""
         ...
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:

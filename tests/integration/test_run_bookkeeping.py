@@ -191,3 +191,26 @@ async def test_firing_and_reporting_leave_no_tombstones_on_the_schedule_row(
             now=at,
         )
     assert _tombstones_read(session, schedules, s.schedule_id) == before
+
+
+async def test_a_retry_is_not_taken_for_delivered_because_its_earlier_attempt_was(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """A new shard owner asks which runs of the timers it hands again were taken by workers
+    already. A retry (attempt 2) of a run whose attempt 1 timed out was not: its row shows
+    attempt 1's outcome, which must not stop attempt 2 from being produced (seen in chaos runs:
+    retries of runs whose shard changed owner were dropped, and never dead-lettered)."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "delivered-attempts")
+    first = _enqueued(s, T0)
+    await runs.write(runs.insert_rows([first]))
+    await runs.record_events(
+        [_event(first, RunStatus.TIMED_OUT, T0 + timedelta(seconds=2))], now=T0
+    )
+    assert await runs.delivered({first.run_id: 1}) == {first.run_id}
+    assert await runs.delivered({first.run_id: 2}) == set()
+    retry = _enqueued(s, T0, attempt=2)
+    await runs.write(runs.insert_rows([retry]))
+    assert await runs.delivered({first.run_id: 2}) == set()  # enqueued, not taken
+    await runs.record_events([_event(retry, RunStatus.RUNNING, T0 + timedelta(seconds=5))], now=T0)
+    assert await runs.delivered({first.run_id: 2}) == {first.run_id}
