@@ -121,6 +121,10 @@ class ChaosOptions:
     fault_grace_s: float = 15.0
     """Lag is "outside fault windows" from this long after a fault's target is back."""
     drain_timeout_s: float = 120.0
+    dlq_timeout_s: float = 180.0
+    """How long the always-failing runs of the window may take to be dead-lettered after it: a
+    run whose report was lost to a fault comes back only through its lease (90 s here), then
+    has its remaining attempts."""
     seed: int | None = None
     out_dir: Path | None = None
     """Where logs, the execution log and the report go (default: a new temp folder)."""
@@ -702,8 +706,8 @@ def run_chaos(options: ChaosOptions) -> Report:
         )
         runs = read_runs(fleet, planned)
         # The always-failing runs of the window go through three attempts, each behind the
-        # backlog the faults left: wait (bounded) until none of them is still between attempts,
-        # then read the DLQ.
+        # backlog the faults left, and one whose report a fault lost only after its lease: wait
+        # (bounded) until none of them is still between attempts, then read the DLQ.
         hopeless = [s for s in planned if s.handler in (handlers.FAIL, handlers.HANG)]
 
         def settled() -> bool:
@@ -714,7 +718,7 @@ def run_chaos(options: ChaosOptions) -> Report:
                 if window_start <= r.scheduled_for < window_end
             )
 
-        _wait(settled, options.drain_timeout_s, poll=5.0)
+        _wait(settled, options.dlq_timeout_s, poll=5.0)
         letters = read_dead_letters(fleet, planned)
         executions, bad = read_executions(exec_dir)
         report = build_report(
