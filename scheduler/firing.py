@@ -315,6 +315,14 @@ def dependent_run_wanted(s: Schedule, r: RunTimer, plan: FiringPlan) -> bool:
     return True
 
 
+def _retry_wanted(row: Run, r: RunTimer) -> bool:
+    """Whether retry timer ``r`` still has to go out, given its run's row: the row shows an
+    earlier attempt (the one that failed), or this very attempt written but not yet taken."""
+    return row.attempt < r.attempt or (
+        row.attempt == r.attempt and row.status is RunStatus.ENQUEUED
+    )
+
+
 class Firing:
     """Turns due timers into enqueued (or skipped) runs and next timers."""
 
@@ -480,9 +488,12 @@ class Firing:
         self, runs: list[RunTimer], timers: list[Timer]
     ) -> tuple[list[RunTimer], list[Timer]]:
         """The retries among ``runs`` (attempt above 1) that are still wanted, completed from
-        their run rows (manual, origin, backfill); a retry whose run moved past the failed
-        attempt already (a repeated failure report put a second timer) is dropped. One read per
-        retry, never per firing."""
+        their run rows (manual, origin, backfill). A retry whose run a worker took at that
+        attempt or later, or that moved past it, is dropped. A row showing the retry's own
+        attempt still ENQUEUED is fired again: that is this batch handed again after its rows
+        were written and its produce failed (the message may never have reached Kafka; loss
+        path 1 as for first attempts), not a second timer. One read per retry, never per
+        firing."""
         retries = [r for r in runs if r.attempt > 1]
         if not retries:
             return runs, timers
@@ -493,7 +504,7 @@ class Firing:
         for r, t in zip(runs, timers, strict=True):
             if r.attempt > 1:
                 row = rows.get(r.run_id)
-                if row is None or row.attempt >= r.attempt or (r.run_id, r.attempt) in seen:
+                if row is None or (r.run_id, r.attempt) in seen or not _retry_wanted(row, r):
                     metrics.TIMERS_SUPERSEDED.inc()
                     continue
                 seen.add((r.run_id, r.attempt))

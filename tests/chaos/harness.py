@@ -578,6 +578,10 @@ def read_runs(fleet: Fleet, planned: list[ChaosSchedule]) -> list[RunView]:
                     start_time=dt(r.start_time) if r.HasField("start_time") else None,
                     finish_time=dt(r.finish_time) if r.HasField("finish_time") else None,
                     worker_id=r.worker_id,
+                    attempt=r.attempt,
+                    next_attempt_time=(
+                        dt(r.next_attempt_time) if r.HasField("next_attempt_time") else None
+                    ),
                 )
             )
     return out
@@ -720,6 +724,7 @@ def run_chaos(options: ChaosOptions) -> Report:
 
         _wait(settled, options.dlq_timeout_s, poll=5.0)
         letters = read_dead_letters(fleet, planned)
+        final_runs = read_runs(fleet, hopeless)
         executions, bad = read_executions(exec_dir)
         report = build_report(
             schedules=planned,
@@ -735,6 +740,7 @@ def run_chaos(options: ChaosOptions) -> Report:
             duration_s=time.monotonic() - began,
             letters=letters,
             max_attempts=HOPELESS_ATTEMPTS,
+            final_runs=final_runs,
         )
         report.notes += injector.notes
         report.notes.append(

@@ -80,10 +80,12 @@ class RunView:
     start_time: datetime | None = None
     finish_time: datetime | None = None
     worker_id: str = ""
+    attempt: int = 1
+    next_attempt_time: datetime | None = None
 
     def describe(self) -> str:
         """Status and what the workers' reports left on the row, for evidence."""
-        parts = [f"run {self.run_id} {self.status}"]
+        parts = [f"run {self.run_id} {self.status} attempt {self.attempt}"]
         if self.skip_reason:
             parts.append(f"({self.skip_reason})")
         for label, t in (
@@ -94,6 +96,8 @@ class RunView:
             parts.append(f"{label} {t:%H:%M:%S.%f}" if t else f"not {label}")
         if self.worker_id:
             parts.append(f"by {self.worker_id}")
+        if self.next_attempt_time:
+            parts.append(f"next attempt due {self.next_attempt_time:%H:%M:%S.%f}")
         if self.error:
             parts.append(f"error {self.error[:120]!r}")
         return " ".join(parts)
@@ -196,7 +200,8 @@ class Report:
             ),
             f"- slots executed under more than one run_id: {len(self.split_slots)}",
             f"- executions of no expected slot: {len(self.unexpected)}",
-            f"- **stuck** (ENQUEUED or RUNNING, slot older than {self.stuck_bound_s:.0f} s): "
+            f"- **stuck** (ENQUEUED or RUNNING, or a retry overdue, by more than "
+            f"{self.stuck_bound_s:.0f} s): "
             f"**{len(self.stuck)}**",
             "- fire lag (handler start - scheduled_for) outside fault windows "
             f"(+{self.fault_grace_s:.0f} s): " + _lag_line(self.lag_quiet),
@@ -227,6 +232,9 @@ class Report:
                 f"- {x.handler} {x.schedule_id} @ {x.slot.isoformat()}: {x.scheduler_view}"
                 for x in (self.lost + self.unexecuted_other)[:50]
             ]
+        if self.dlq.missing_runs:
+            lines += ["", "## Dead letters missing: the runs as ListRuns shows them (first 50)", ""]
+            lines += [f"- {m}" for m in self.dlq.missing_runs[:50]]
         if self.stuck:
             lines += ["", "## Stuck runs (first 50)", ""]
             lines += [
@@ -323,6 +331,8 @@ class DlqCheck:
     expected: int = 0
     found: int = 0
     missing: list[tuple[str, datetime]] = field(default_factory=list)
+    # What ListRuns showed of each missing one at the end (evidence, not judged).
+    missing_runs: list[str] = field(default_factory=list)
     wrong_attempts: list[LetterView] = field(default_factory=list)
     unexpected: list[LetterView] = field(default_factory=list)
     attempts: int = 0
@@ -332,11 +342,12 @@ class DlqCheck:
         return not self.missing and not self.wrong_attempts and not self.unexpected
 
     def render(self) -> str:
+        missing = "".join(f"\n  - {m}" for m in self.missing_runs[:10])
         return (
             f"{self.found} of {self.expected} runs of the always-failing schedules dead-lettered "
             f"after exactly {self.attempts} attempts; missing {len(self.missing)}, "
             f"other attempt counts {len(self.wrong_attempts)}, "
-            f"dead letters of other schedules {len(self.unexpected)}"
+            f"dead letters of other schedules {len(self.unexpected)}{missing}"
         )
 
 
@@ -346,6 +357,7 @@ def dlq_accounting(
     window_start: datetime,
     window_end: datetime,
     attempts: int,
+    runs: Iterable[RunView] = (),
 ) -> DlqCheck:
     """Checks the DLQ (issue 7): exactly the always-failing schedules' runs, each after exactly
     ``attempts`` attempts (their retry policy's max), none of the healthy or flaky ones."""
@@ -366,6 +378,10 @@ def dlq_accounting(
             else:
                 check.found += 1
     check.unexpected = [d for d in in_window if d.schedule_id not in hopeless]
+    run_by_slot = {(r.schedule_id, r.scheduled_for): r for r in runs}
+    for key in check.missing:
+        r = run_by_slot.get(key)
+        check.missing_runs.append(r.describe() if r else f"{key[0]} @ {key[1]:%H:%M:%S}: no run")
     return check
 
 
@@ -400,9 +416,12 @@ def build_report(
     duration_s: float,
     letters: list[LetterView] | None = None,
     max_attempts: int = 3,
+    final_runs: Iterable[RunView] = (),
 ) -> Report:
     """Judges one chaos run. ``runs`` is what ListRuns returned for every schedule;
-    a run is stuck when it is ENQUEUED or RUNNING and its slot is before ``stuck_before``."""
+    a run is stuck when its slot is before ``stuck_before`` and it is ENQUEUED or RUNNING, or
+    waits for a retry that was due before then. ``final_runs`` (the hopeless schedules' runs
+    read last) explain any dead letter missing."""
     by_slot: dict[tuple[str, datetime], list[Execution]] = defaultdict(list)
     for e in executions:
         by_slot[(e.schedule_id, e.scheduled_for)].append(e)
@@ -460,8 +479,16 @@ def build_report(
         for e in first.values()
         if not in_fault(e.scheduled_for.timestamp(), faults, fault_grace_s)
     ]
+    # Stuck: still waiting for a worker, or a retry whose time came long ago and that no
+    # dispatcher fired (the run sits FAILED or TIMED_OUT between attempts for good).
     stuck = [
-        r for r in runs if r.status in ("ENQUEUED", "RUNNING") and r.scheduled_for < stuck_before
+        r
+        for r in runs
+        if r.scheduled_for < stuck_before
+        and (
+            r.status in ("ENQUEUED", "RUNNING")
+            or (r.next_attempt_time is not None and r.next_attempt_time < stuck_before)
+        )
     ]
     stuck_ids = {r.run_id for r in stuck}
     stuck_executions: dict[str, list[Execution]] = defaultdict(list)
@@ -482,7 +509,9 @@ def build_report(
         duplicates_by_cause=dict(duplicates_by_cause),
         split_slots=split_slots,
         unexpected=unexpected,
-        dlq=dlq_accounting(schedules, letters or [], window_start, window_end, max_attempts),
+        dlq=dlq_accounting(
+            schedules, letters or [], window_start, window_end, max_attempts, final_runs
+        ),
         stuck=stuck,
         stuck_executions=dict(stuck_executions),
         stuck_bound_s=stuck_bound_s,

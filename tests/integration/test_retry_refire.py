@@ -1,0 +1,160 @@
+"""A retry fired again after its produce failed goes out again (issue 7, loss path 1 for
+retries), against the real Cassandra and Kafka.
+
+The dispatcher writes a retry's run row (attempt n, ENQUEUED) and produces its message
+together; when the produce fails the scanner hands the same timer again. That second hand-over
+finds the row already at attempt n and must still produce: only a worker having taken the
+attempt (or a later one) makes the retry superseded. Before the fix it was dropped, and the run
+waited for its start lease (minutes) to be found lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaConnectionError
+
+from cronscale.v1 import run_message_pb2
+from scheduler.backfill import BackfillDriver, CassandraBackfillStore
+from scheduler.config import Config
+from scheduler.firing import Firing
+from scheduler.kafka import KafkaRunQueue, Keyed, ensure_topics
+from scheduler.model import (
+    FollowUp,
+    Run,
+    RunEventRecord,
+    RunStatus,
+    Schedule,
+    ScheduleSpec,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
+from scheduler.retries import DeadLetterPublisher, failures_of
+from scheduler.session import Stores, open_stores
+from scheduler.timers import RunTimer
+
+
+class BrokerAwayOnce(KafkaRunQueue):
+    """The real producer, except that the first ``enqueue`` fails as a broker restart does."""
+
+    failed = False
+
+    async def enqueue(self, topic: str, messages: Sequence[Keyed]) -> None:
+        if not self.failed:
+            self.failed = True
+            raise KafkaConnectionError("broker restarting (injected)")
+        await super().enqueue(topic, messages)
+
+
+@pytest.fixture
+async def stores(migrated: Config) -> AsyncIterator[Stores]:
+    s = await open_stores(migrated)
+    yield s
+    s.close()
+
+
+async def test_a_retry_handed_again_after_its_produce_failed_is_produced(
+    stores: Stores, migrated: Config
+) -> None:
+    topic = f"{migrated.topic()}.refire-{uuid.uuid4().hex[:6]}"
+    await ensure_topics(migrated.kafka_bootstrap, [topic], partitions=1)
+    queue = BrokerAwayOnce(migrated.kafka_bootstrap)
+    await queue.start()
+    failures = failures_of(stores)
+    firing = Firing(
+        schedules=stores.schedules,
+        runs=stores.runs,
+        timers=stores.timers,
+        queue=queue,
+        backfills=BackfillDriver(
+            store=CassandraBackfillStore(stores.session, keyspace=migrated.keyspace),
+            schedules=stores.schedules,
+        ),
+        topic=lambda _tier: topic,
+        failures=failures,
+        dead_letters=DeadLetterPublisher(
+            dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
+        ),
+    )
+    now = datetime.now(UTC).replace(microsecond=0)
+    sid = f"refire-{uuid.uuid4().hex[:8]}"
+    await stores.schedules.create(
+        Schedule(
+            schedule_id=sid,
+            handler="echo",
+            spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 0 1 1 *"),
+            generation=new_generation(),
+            create_time=now,
+            update_time=now,
+        )
+    )
+    slot = now - timedelta(seconds=30)
+    run_id = run_id_for(sid, slot)
+    first = Run(
+        run_id=run_id,
+        schedule_id=sid,
+        scheduled_for=slot,
+        status=RunStatus.ENQUEUED,
+        attempt=1,
+        handler="echo",
+        tenant="default",
+        enqueue_time=slot,
+    )
+    # Attempt 1 ran and failed: its row shows it, and the retry (attempt 2) is due.
+    failed = RunEventRecord(
+        run_id=run_id,
+        schedule_id=sid,
+        scheduled_for=slot,
+        status=RunStatus.FAILED,
+        event_time=slot + timedelta(seconds=1),
+        attempt=1,
+        enqueue_time=slot,
+        error="boom",
+        follow_up=FollowUp.NONE,
+    )
+    await stores.runs.write(
+        [*stores.runs.insert_rows([first]), *stores.runs.event_rows([failed], now=now)]
+    )
+    retry = RunTimer(
+        schedule_id=sid, run_id=run_id, scheduled_for=slot, fire_at=now, attempt=2
+    ).to_timer(stores.timers.shard_count)
+
+    try:
+        with pytest.raises(KafkaConnectionError):
+            await firing.on_due([retry])
+        # The rows of the failed hand-over landed: attempt 2, not yet taken.
+        row = await stores.runs.get(run_id)
+        assert (row.attempt, row.status) == (2, RunStatus.ENQUEUED)
+
+        await firing.on_due([retry])  # the scanner hands the batch again
+    finally:
+        await queue.stop()
+
+    got = await _messages(migrated.kafka_bootstrap, topic)
+    assert [(m.run_id, m.attempt) for m in got] == [(run_id, 2)]
+
+
+async def _messages(bootstrap: str, topic: str) -> list[run_message_pb2.RunMessage]:
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{topic}.check",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        batch = await consumer.getmany(timeout_ms=5000)
+        return [
+            run_message_pb2.RunMessage.FromString(rec.value)
+            for records in batch.values()
+            for rec in records
+            if rec.value is not None
+        ]
+    finally:
+        await consumer.stop()
