@@ -8,8 +8,9 @@ memory until due and are handed to ``on_due`` in batches the moment they are; th
 what keeps the :00 burst from being I/O bound ("read bucket t+1 ahead of time").
 
 Progress: after a batch is handed, each partition's checkpoint may move to the first timer
-still pending, but never past ``now - grace``. The grace window lets a timer written moments
-late (a write in flight, a writer's clock a little behind) still be read; re-read timers are
+still pending, but never past ``grace`` before the start of the last read (nor past ``now -
+grace``). The grace window lets a timer written moments late (a write in flight, a writer's
+clock a little behind) still be read, however long firing took since; re-read timers are
 recognised by position and not handed twice. Checkpoints and finished buckets are written with
 the shard's epoch as condition (fencing), at most once per ``checkpoint_every`` per shard and
 only when something was handed, so a new owner resumes where this one provably got to.
@@ -78,6 +79,12 @@ class ShardProgress:
     # Everything due by this instant has been read (None: not read since claimed). No
     # checkpoint may pass it: what was not read cannot have fired.
     read_until: datetime | None = None
+    # When the last read of this shard began. A timer landing after that instant may not have
+    # been read, and the grace only covers timers due no earlier than ``grace`` before they
+    # land: no checkpoint may pass ``read_at - grace``, however long the hand-over since the
+    # read took (a batch slowed by a recovering Cassandra took many seconds; checkpoints
+    # moved by the clock after it passed timers written meanwhile, never read: lost retries).
+    read_at: datetime | None = None
     last_flush: float = 0.0
     last_prune: float = 0.0
     # Timers due by this instant may have been fired by the shard's previous owner (it kept
@@ -262,6 +269,7 @@ class WheelScanner:
                         more |= await self._read_rest(p, bucket, timers[-1].position, until)
         for p in {id(p): p for ps in wanted.values() for p in ps}.values():
             p.read_until = until
+            p.read_at = now
         return more
 
     async def _read_rest(
@@ -425,9 +433,9 @@ class WheelScanner:
                 self.remove_shard(p.shard)
 
     async def _progress(self, p: ShardProgress, now: datetime, horizon: Position) -> None:
-        if p.read_until is None:
+        if p.read_until is None or p.read_at is None:
             return
-        horizon = min(horizon, (p.read_until, ""))
+        horizon = min(horizon, (p.read_until, ""), (p.read_at - self._grace, ""))
         current = minute_bucket(now)
         first_pending: dict[int, Position] = {}
         for pos, t in p.pending.items():

@@ -613,3 +613,47 @@ async def test_due_timers_of_a_slow_grouped_write_are_put_again_where_scanners_r
         f"SELECT timer_id FROM {store._q.keyspace}.timers WHERE key = 'quick' ALLOW FILTERING"
     )
     assert [r.timer_id for r in rows] == ["quick-due"]
+
+
+async def test_a_timer_written_while_a_slow_batch_fires_is_still_read(
+    store: CassandraTimerStore,
+) -> None:
+    """Found by the 10-minute chaos run: right after Cassandra restarted a batch took seconds
+    to fire; the checkpoint then moved by the clock (now - grace) past timers the API had
+    written meanwhile, due a moment after their write, that no read had seen: 20 retries
+    never ran. A checkpoint may not pass ``grace`` before the last read began."""
+    shard = 7
+    claimed = await _claim(store, shard, "slow-batch")
+    first = Timer(
+        fire_time=datetime.now(UTC), timer_id="slow-first", shard=shard, kind="t", key="slowb"
+    )
+    await store.put([first])
+    fired: list[str] = []
+    written: list[Timer] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        for t in batch:
+            if t.timer_id == "slow-first":
+                # While this batch is slow, a writer puts a timer due a moment later.
+                late = Timer(
+                    fire_time=datetime.now(UTC) + timedelta(milliseconds=100),
+                    timer_id="written-meanwhile",
+                    shard=shard,
+                    kind="t",
+                    key="slowb",
+                )
+                await store.put([late])
+                written.append(late)
+                await asyncio.sleep(3.5)  # longer than the 2 s grace
+            if t.key == "slowb":
+                fired.append(t.timer_id)
+
+    scanner = WheelScanner(store, on_due, batch_timeout=timedelta(seconds=30))
+    await scanner.add_shard(claimed)
+    await scanner.read(datetime.now(UTC))
+    await scanner.fire_due()
+    await scanner.record_progress()  # 3.5 s after the read: the clock alone says now - 2 s
+    await scanner.read(datetime.now(UTC))
+    await asyncio.sleep(0.2)
+    await scanner.fire_due()
+    assert written and fired == ["slow-first", "written-meanwhile"]
