@@ -59,10 +59,13 @@ class KafkaRunQueue:
         )
 
     async def start(self) -> None:
+        """Starts the producer; Unavailable if Kafka cannot be reached (the queue may be
+        started again: a producer that failed to start is replaced, never restarted)."""
         try:
             await self._producer.start()
         except KafkaConnectionError as e:
             await self._producer.stop()
+            self._producer = self._new_producer()
             raise Unavailable(
                 f"cannot reach Kafka at {self._bootstrap} ({e}); start the local one with "
                 "`cronscale local up` (or `make dev`), or set CRONSCALE_KAFKA_BOOTSTRAP"

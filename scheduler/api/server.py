@@ -45,6 +45,7 @@ from scheduler.reports import RunReports
 from scheduler.retries import failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
+from scheduler.startup import until_up
 from scheduler.tenancy import Role, new_key
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,10 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    stores = await open_stores(config)
+    # Started while Cassandra is away: wait for it (scheduler.startup), do not exit.
+    stores = await until_up(lambda: open_stores(config), what="opening Cassandra", stop=stop)
+    if stores is None:
+        return
     try:
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
         service = ScheduleService(schedules=schedules, runs=runs, timers=timers)

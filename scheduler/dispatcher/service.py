@@ -11,13 +11,14 @@ from bucketer.wheel import TimerWheel
 from scheduler import metrics
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
-from scheduler.fairness import CachedDirectory, Throttle
+from scheduler.fairness import CachedDirectory, ConcurrencyGate, Throttle
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.repair import RepairSweep
 from scheduler.retries import DeadLetterPublisher, failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
+from scheduler.startup import until_up
 
 logger = logging.getLogger(__name__)
 
@@ -28,17 +29,32 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    stores = await open_stores(config)
+    # Started while Cassandra or Kafka is away: wait for it (scheduler.startup), do not exit.
+    stores = await until_up(lambda: open_stores(config), what="opening Cassandra", stop=stop)
+    if stores is None:
+        return
     try:
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
-        await ensure_topics(
-            config.kafka_bootstrap,
-            [*(config.topic(t) for t in config.tiers), config.dead_letter_topic()],
-            partitions=config.topic_partitions,
-        )
         queue = KafkaRunQueue(config.kafka_bootstrap)
-        await queue.start()
+
+        async def start_kafka() -> bool:
+            await ensure_topics(
+                config.kafka_bootstrap,
+                [*(config.topic(t) for t in config.tiers), config.dead_letter_topic()],
+                partitions=config.topic_partitions,
+            )
+            await queue.start()
+            return True
+
+        if await until_up(start_kafka, what="starting the Kafka producer", stop=stop) is None:
+            await queue.stop()  # told to stop before Kafka came: close the unstarted producer
+            return
         try:
+
+            def share() -> float:
+                """This dispatcher's share of the shards: its part of each tenant's quotas."""
+                return len(wheel.owned_shards) / max(timers.shard_count, 1)
+
             firing = Firing(
                 schedules=schedules,
                 runs=runs,
@@ -50,9 +66,8 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 ),
                 topic=config.topic,
                 tenants=CachedDirectory(stores.tenants.limits),
-                throttle=Throttle(
-                    share=lambda: len(wheel.owned_shards) / max(timers.shard_count, 1)
-                ),
+                throttle=Throttle(share=share),
+                concurrency=ConcurrencyGate(runs, share=share),
                 failures=failures_of(stores),
                 dead_letters=DeadLetterPublisher(
                     dead_letters=stores.dead_letters,
