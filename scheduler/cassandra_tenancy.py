@@ -78,8 +78,9 @@ class CassandraTenantStore:
             return None
 
     async def limits(self, tenant_ids: Collection[str]) -> Mapping[str, TenantLimits]:
-        """The tier and enqueue quota of the tenants among ``tenant_ids`` that have a row, as
-        the firing path enforces them (dispatchers cache this: scheduler.fairness)."""
+        """The tier, enqueue-rate and concurrent-runs quotas of the tenants among
+        ``tenant_ids`` that have a row, as the firing path enforces them (dispatchers cache
+        this: scheduler.fairness)."""
         ids = sorted(set(tenant_ids))
         out: dict[str, TenantLimits] = {}
         for start in range(0, len(ids), 100):
@@ -90,6 +91,7 @@ class CassandraTenantStore:
                     tier=t.tier,
                     enqueue_rate=t.quotas.max_enqueue_rate or None,
                     burst=t.quotas.enqueue_burst or None,
+                    max_concurrent=t.quotas.max_concurrent_runs or None,
                 )
         return out
 

@@ -10,6 +10,12 @@ put off, so it fires without asking again, and a herd over the quota goes out at
 rate. Nothing is dropped, and a deferred slot is never treated as a misfire: the quota, not the
 fleet, held it back.
 
+The max-concurrent-runs quota works the same way, per dispatcher at its share of the shards
+(``ConcurrencyGate``): the runs it enqueued for a capped tenant count until their rows show an
+outcome; a firing that would pass the cap is put off (a later timer, recorded as a deferral,
+never dropped). Only capped tenants at their cap cost anything: one read per run in progress,
+at most once per poll interval; no other firing reads or writes anything more.
+
 A tenant under its rate is never held back by one over it: the over-quota tenant's excess costs
 the dispatcher a timer write per deferral instead of a firing, so the other tenants' timers in
 the same due second go out in the same pass. Limits come from a ``TenantDirectory`` (cached;
@@ -19,10 +25,13 @@ no read per firing); a tenant it does not know is unlimited, on the default tier
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from scheduler.model import Run, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +47,8 @@ class TenantLimits:
     enqueue_rate: float | None = None
     # Firings allowed at once above the rate (the bucket's size); None: one second's worth.
     burst: float | None = None
+    # Runs of the tenant enqueued or running at once across the fleet; None: unlimited.
+    max_concurrent: int | None = None
 
 
 UNLIMITED = TenantLimits()
@@ -131,3 +142,98 @@ class CachedDirectory:
             if known is not None and known[1] is not None:
                 out[t] = known[1]
         return out
+
+
+class RunReader(Protocol):
+    """The run rows the concurrency gate checks (scheduler.stores.RunStore.get_many)."""
+
+    async def get_many(self, run_ids: Sequence[str]) -> Mapping[str, Run]: ...
+
+
+# Statuses of a run still in progress (it holds one of its tenant's concurrent-run places).
+_IN_PROGRESS = (RunStatus.ENQUEUED, RunStatus.RUNNING)
+
+
+class ConcurrencyGate:
+    """``max_concurrent_runs`` per tenant in one dispatcher, at its ``share`` of the shards
+    (rounded up: with several dispatchers the fleet may run up to one more per dispatcher).
+
+    The dispatcher tells the gate each run it enqueues for a capped tenant (``started``); the
+    run holds a place until its row shows it finished (any outcome, or a later attempt, which
+    is enqueued, and counted, anew). The rows are read only for a tenant at its cap, at most
+    once per ``poll`` seconds (``refresh``, before a batch is planned). A firing over the cap
+    waits ``poll`` seconds, the k-th one of a pass over the cap ``poll * (1 + k // cap)``, so a
+    herd is spread over the time the cap lets it through instead of re-put every poll. A row
+    not found yet belongs to a batch still being written (or one that failed): it keeps its
+    place for ``young`` seconds. Runs a previous shard owner enqueued are not known here: after
+    a hand-over the tenant may briefly run more than its cap.
+    """
+
+    def __init__(
+        self,
+        runs: RunReader,
+        *,
+        share: Callable[[], float] = lambda: 1.0,
+        poll: float = 1.0,
+        young: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._runs = runs
+        self._share = share
+        self._poll = poll
+        self._young = young
+        self._clock = clock
+        # tenant -> run id -> (attempt, when the gate learnt of it)
+        self._in_flight: dict[str, dict[str, tuple[int, float]]] = {}
+        self._checked: dict[str, float] = {}
+        self._over: dict[str, int] = {}
+
+    def cap(self, limits: TenantLimits) -> int | None:
+        """This dispatcher's share of the tenant's cap; None if it has none."""
+        if not limits.max_concurrent:
+            return None
+        return max(1, math.ceil(limits.max_concurrent * max(self._share(), 0.0)))
+
+    def in_flight(self, tenant: str) -> int:
+        return len(self._in_flight.get(tenant, ()))
+
+    async def refresh(self, limits: Mapping[str, TenantLimits]) -> None:
+        """Before a pass: forgets the finished runs of the capped tenants at their cap (read at
+        most once per poll each), and starts the pass's over-cap counts afresh."""
+        self._over.clear()
+        now = self._clock()
+        due: list[str] = []
+        for tenant, lim in limits.items():
+            cap = self.cap(lim)
+            if cap is None or self.in_flight(tenant) < cap:
+                continue
+            if now - self._checked.get(tenant, -math.inf) < self._poll:
+                continue
+            self._checked[tenant] = now
+            due.append(tenant)
+        if not due:
+            return
+        ids = [run_id for t in due for run_id in self._in_flight.get(t, {})]
+        rows = await self._runs.get_many(ids)
+        for tenant in due:
+            runs = self._in_flight.get(tenant, {})
+            for run_id, (attempt, learnt) in list(runs.items()):
+                row = rows.get(run_id)
+                if row is None:
+                    if now - learnt >= self._young:
+                        del runs[run_id]
+                elif row.attempt > attempt or row.status not in _IN_PROGRESS:
+                    del runs[run_id]
+
+    def admit(self, tenant: str, limits: TenantLimits) -> float:
+        """0.0 if ``tenant`` may have one more run in progress; else how long to put it off."""
+        cap = self.cap(limits)
+        if cap is None or self.in_flight(tenant) < cap:
+            return 0.0
+        k = self._over.get(tenant, 0)
+        self._over[tenant] = k + 1
+        return self._poll * (1 + k // cap)
+
+    def started(self, tenant: str, run_id: str, attempt: int) -> None:
+        """``run_id`` (at ``attempt``) was enqueued for ``tenant``: it holds a place."""
+        self._in_flight.setdefault(tenant, {})[run_id] = (attempt, self._clock())

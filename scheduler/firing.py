@@ -28,7 +28,14 @@ from scheduler import metrics
 from scheduler.backfill import TICK as BACKFILL_TICK
 from scheduler.backfill import BackfillDriver
 from scheduler.errors import InvalidArgument, Unavailable
-from scheduler.fairness import UNLIMITED, TenantDirectory, TenantLimits, Throttle, Unlimited
+from scheduler.fairness import (
+    UNLIMITED,
+    ConcurrencyGate,
+    TenantDirectory,
+    TenantLimits,
+    Throttle,
+    Unlimited,
+)
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION
 from scheduler.model import (
     MISFIRE_THRESHOLD,
@@ -339,6 +346,7 @@ class Firing:
         dead_letters: DeadLetterPublisher,
         tenants: TenantDirectory | None = None,
         throttle: Throttle | None = None,
+        concurrency: ConcurrencyGate | None = None,
         misfire_threshold: timedelta = MISFIRE_THRESHOLD,
         start_lease: timedelta = START_LEASE,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
@@ -360,6 +368,7 @@ class Firing:
         self._topic = topic
         self._tenants: TenantDirectory = tenants or Unlimited()
         self._throttle = throttle or Throttle()
+        self._gate = concurrency or ConcurrencyGate(runs)
         self._clock = clock
         self._backfills = backfills
         self._dead_letters = dead_letters
@@ -418,6 +427,7 @@ class Firing:
         now = self._clock()
         plan = FiringPlan()
         plan.limits = await self._tenants.limits({s.tenant for s in schedules.values()})
+        await self._gate.refresh(plan.limits)
         # Runs of timers a new shard owner hands over that its previous owner may have fired.
         recheck: set[str] = set()
         for f, timer in zip(fires, fire_timers, strict=True):
@@ -425,10 +435,10 @@ class Firing:
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
-            wait = 0.0 if f.deferred_ms else self._admit(s, plan)
+            wait, capped = self._admit(s, plan, booked=f.deferred_ms > 0 and not f.capped)
             if wait:
                 at = now + timedelta(seconds=wait)
-                later = replace(f, deferred_ms=max(1, (at - f.scheduled_for) // _MS))
+                later = replace(f, deferred_ms=max(1, (at - f.scheduled_for) // _MS), capped=capped)
                 plan.next_timers.append(later.to_timer(self._timers.shard_count))
                 continue
             before = len(plan.enqueue)
@@ -440,6 +450,7 @@ class Firing:
                 self._timers.shard_count,
                 misfire_threshold=self._misfire_threshold,
             )
+            self._hold_places(s, plan, before)
             if timer.after_takeover:
                 recheck.update(run.run_id for _s, run in plan.enqueue[before:])
         for r, timer in zip(runs, run_timers, strict=True):
@@ -449,13 +460,20 @@ class Firing:
                 continue
             if not dependent_run_wanted(s, r, plan):
                 continue
-            wait = 0.0 if r.deferred_ms else self._admit(s, plan)
+            wait, capped = self._admit(s, plan, booked=r.deferred_ms > 0 and not r.capped)
             if wait:
                 at = now + timedelta(seconds=wait)
-                put_off = replace(r, fire_at=at, deferred_ms=max(1, (at - r.fire_at) // _MS))
+                put_off = replace(
+                    r,
+                    fire_at=at,
+                    deferred_ms=r.deferred_ms + max(1, (at - r.fire_at) // _MS),
+                    capped=capped,
+                )
                 plan.next_timers.append(put_off.to_timer(self._timers.shard_count))
                 continue
+            before = len(plan.enqueue)
             plan_run(s, r, now, plan)
+            self._hold_places(s, plan, before)
             if timer.after_takeover:
                 recheck.add(r.run_id)
         if recheck:
@@ -476,13 +494,26 @@ class Firing:
         # Backfills last: live firings of the batch are out before any backfill run.
         await self._backfill_due(backfills)
 
-    def _admit(self, s: Schedule, plan: FiringPlan) -> float:
-        """0.0 if ``s``'s tenant may enqueue one more run now, else how long to put it off."""
-        wait = self._throttle.admit(s.tenant, plan.limits.get(s.tenant, UNLIMITED))
+    def _admit(self, s: Schedule, plan: FiringPlan, *, booked: bool) -> tuple[float, bool]:
+        """(0.0, False) if ``s``'s tenant may enqueue one more run now; else how long to put it
+        off, and whether its concurrent-runs cap (rather than its rate) is the reason. A timer
+        the rate put off before has its token ``booked`` and is not asked for another."""
+        limits = plan.limits.get(s.tenant, UNLIMITED)
+        wait = self._gate.admit(s.tenant, limits)
+        capped = wait > 0
+        if not capped and not booked:
+            wait = self._throttle.admit(s.tenant, limits)
         if wait:
-            tier = plan.limits.get(s.tenant, UNLIMITED).tier
-            metrics.FIRINGS_DEFERRED.labels(tier=tier).inc()
-        return wait
+            quota = "concurrency" if capped else "rate"
+            metrics.FIRINGS_DEFERRED.labels(tier=limits.tier, quota=quota).inc()
+        return wait, capped
+
+    def _hold_places(self, s: Schedule, plan: FiringPlan, before: int) -> None:
+        """The runs just planned for ``s`` hold places under its tenant's concurrent-runs cap."""
+        if not plan.limits.get(s.tenant, UNLIMITED).max_concurrent:
+            return
+        for _s, run in plan.enqueue[before:]:
+            self._gate.started(s.tenant, run.run_id, run.attempt)
 
     async def _current_retries(
         self, runs: list[RunTimer], timers: list[Timer]

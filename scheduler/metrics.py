@@ -62,8 +62,9 @@ TIMERS_REPAIRED = Counter(
 )
 FIRINGS_DEFERRED = Counter(
     "cronscale_firings_deferred_total",
-    "Firings put off because their tenant was over its enqueue-rate quota.",
-    ["tier"],
+    "Firings put off by their tenant's quota: quota=rate (enqueue rate) or concurrency "
+    "(max concurrent runs).",
+    ["tier", "quota"],
 )
 READY = Gauge(
     "cronscale_ready",

@@ -46,6 +46,9 @@ class FireTimer:
     fired: int = 0
     deferred_ms: int = 0
     quota_behind: bool = False
+    # Put off last by the concurrent-runs cap, which books nothing ahead (a rate deferral
+    # books the slot's token): admitted afresh when due.
+    capped: bool = False
 
     @property
     def held_by_quota(self) -> bool:
@@ -63,6 +66,8 @@ class FireTimer:
             doc["d_ms"] = self.deferred_ms
         if self.quota_behind:
             doc["qb"] = True
+        if self.capped:
+            doc["cc"] = True
         fire_at = self.scheduled_for + timedelta(milliseconds=self.deferred_ms)
         return _timer(FIRE, self.schedule_id, self.schedule_id, fire_at, doc, shard_count)
 
@@ -77,6 +82,7 @@ class FireTimer:
             fired=int(doc.get("n", 0)),
             deferred_ms=int(doc.get("d_ms", 0)),
             quota_behind=bool(doc.get("qb", False)),
+            capped=bool(doc.get("cc", False)),
         )
 
 
@@ -93,8 +99,10 @@ class RunTimer:
     backfill_id: str = ""
     # Above 1: a retry of the run (scheduler.retries).
     attempt: int = 1
-    # How long the tenant's enqueue quota has put it off so far (scheduler.fairness).
+    # How long the tenant's quotas have put it off so far (scheduler.fairness), and whether
+    # the concurrent-runs cap did it last (see FireTimer.capped).
     deferred_ms: int = 0
+    capped: bool = False
 
     def to_timer(self, shard_count: int) -> Timer:
         doc: dict[str, Any] = {
@@ -109,6 +117,8 @@ class RunTimer:
             doc["backfill"] = self.backfill_id
         if self.deferred_ms:
             doc["d_ms"] = self.deferred_ms
+        if self.capped:
+            doc["cc"] = True
         timer_id = self.run_id
         if self.attempt > 1:
             doc["attempt"] = self.attempt
@@ -129,6 +139,7 @@ class RunTimer:
             backfill_id=doc.get("backfill", ""),
             attempt=int(doc.get("attempt", 1)),
             deferred_ms=int(doc.get("d_ms", 0)),
+            capped=bool(doc.get("cc", False)),
         )
 
 

@@ -116,6 +116,55 @@ def test_dlq_accounting_wants_exactly_the_hopeless_runs_after_max_attempts() -> 
     assert check.wrong_attempts == [short] and check.unexpected == [stray] and not check.missing
     assert not check.ok
     assert dlq_accounting([bad, ok], [*good, replace(short, attempts=3)], T0, end, 3).ok
+    # A missing one is shown as ListRuns last saw it.
+    between = RunView(
+        run_id="bad@10",
+        schedule_id="bad",
+        status="TIMED_OUT",
+        scheduled_for=T0 + timedelta(seconds=10),
+        enqueue_time=None,
+        skip_reason="",
+        error="timed out after 2 s",
+        attempt=2,
+        next_attempt_time=T0 + timedelta(seconds=13),
+    )
+    check = dlq_accounting([bad], good, T0, end, 3, runs=[between])
+    assert check.missing_runs == [between.describe()]
+    assert "TIMED_OUT attempt 2" in check.render() and "next attempt due" in check.render()
+
+
+def test_a_retry_overdue_is_stuck() -> None:
+    """A run between attempts whose next attempt was due long ago: no dispatcher fired it."""
+    bad = ChaosSchedule(schedule_id="bad", handler=FAIL, cron="*/5 * * * * *")
+    end = T0 + timedelta(seconds=10)
+
+    def waiting(slot_s: int, due_s: int) -> RunView:
+        return RunView(
+            run_id=f"bad@{slot_s}",
+            schedule_id="bad",
+            status="FAILED",
+            scheduled_for=T0 + timedelta(seconds=slot_s),
+            enqueue_time=T0 + timedelta(seconds=slot_s),
+            skip_reason="",
+            error="boom",
+            attempt=2,
+            next_attempt_time=T0 + timedelta(seconds=due_s),
+        )
+
+    report = build_report(
+        schedules=[bad],
+        executions=[],
+        malformed_lines=0,
+        runs=[waiting(0, 3), waiting(5, 12)],
+        faults=[],
+        window_start=T0,
+        window_end=end,
+        stuck_before=end,
+        stuck_bound_s=30,
+        fault_grace_s=1.0,
+        duration_s=10,
+    )
+    assert [r.run_id for r in report.stuck] == ["bad@0"]
 
 
 def test_duplicates_are_told_apart_by_their_message() -> None:

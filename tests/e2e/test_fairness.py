@@ -1,6 +1,7 @@
-"""Tenants, tiers and the enqueue-rate quota in the firing path (issue 9), through the real
-api, dispatcher and worker: a noisy tenant with 50x the schedules of a quiet one, all due in
-the same second, is held to its rate while the quiet one keeps its lag, and nothing is lost."""
+"""Tenants, tiers and the enqueue-rate and concurrent-runs quotas in the firing path (issue 9),
+through the real api, dispatcher and worker: a noisy tenant with 50x the schedules of a quiet
+one, all due in the same second, is held to its rate while the quiet one keeps its lag, a capped
+tenant never has more runs in progress than its quota, and nothing is lost."""
 
 from __future__ import annotations
 
@@ -114,6 +115,77 @@ def _noisy_and_quiet(stack: Stack, noisy: str, quiet: str) -> None:
     deferred = [r for r in noisy_runs if r.HasField("deferred")]
     assert len(deferred) >= NOISY - BURST - 5
     assert all(not r.HasField("deferred") for r in quiet_runs)
+
+
+CAP, CAPPED_RUNS, RUN_S = 3, 12, 2.0
+
+
+def test_a_tenant_never_runs_more_than_its_concurrent_runs_quota(stack: Stack) -> None:
+    """12 runs of 2 s due in the same second, for a tenant allowed 3 at once: no more than 3
+    are ever in progress, the others wait (deferred, recorded) and all run."""
+    tag = uuid.uuid4().hex[:6]
+    capped = f"capped-{tag}"
+    _tenants(stack).CreateTenant(
+        t_pb2.CreateTenantRequest(
+            tenant=t_pb2.Tenant(
+                id=capped, tier="premium", quotas=t_pb2.TenantQuotas(max_concurrent_runs=CAP)
+            )
+        ),
+        timeout=10,
+    )
+    stack.start("worker-premium", "worker", "--tier", "premium", "--import", "tests.e2e.handlers")
+    try:
+        at = (datetime.now(UTC) + timedelta(seconds=8)).replace(microsecond=0)
+        payload = json.dumps({"seconds": RUN_S}).encode()
+        ids = []
+        for i in range(CAPPED_RUNS):
+            made = stack.api.CreateSchedule(
+                scheduler_service_pb2.CreateScheduleRequest(
+                    schedule=schedule_pb2.Schedule(
+                        name=f"capped-{i}",
+                        tenant=capped,
+                        handler="e2e.sleep_cancellable",
+                        payload=payload,
+                        spec=once_spec(at),
+                    )
+                ),
+                timeout=10,
+            )
+            ids.append(made.id)
+
+        def runs() -> list[schedule_pb2.Run]:
+            return [r for sid in ids for r in list_runs(stack, sid)]
+
+        wait_until(
+            stack,
+            lambda: sum(r.status == SUCCEEDED for r in runs()) == CAPPED_RUNS,
+            90,
+            "every run of the capped tenant",
+            poll=2,
+        )
+    finally:
+        stack.kill("worker-premium", signal.SIGTERM)
+    done = runs()
+    assert len(done) == CAPPED_RUNS  # one run each: none lost, none doubled
+    # Sweep over the runs' starts and finishes (a finish before a start at the same instant).
+    edges = sorted(
+        [(dt(r.start_time), 1) for r in done] + [(dt(r.finish_time), -1) for r in done],
+        key=lambda e: (e[0], e[1]),
+    )
+    running = peak = 0
+    for _t, step in edges:
+        running += step
+        peak = max(peak, running)
+    starts = sorted(dt(r.start_time) for r in done)
+    print(
+        f"\ncapped tenant ({CAPPED_RUNS} runs of {RUN_S:g} s, at most {CAP} at once): peak "
+        f"{peak} in progress; last started {(starts[-1] - at).total_seconds():.2f} s after the "
+        f"slot; {sum(r.HasField('deferred') for r in done)} deferred"
+    )
+    assert peak == CAP
+    # Waves of 3: the last wave cannot start before three runs' worth of time has passed.
+    assert (starts[-1] - at).total_seconds() >= (CAPPED_RUNS // CAP - 1) * RUN_S
+    assert sum(r.HasField("deferred") for r in done) >= CAPPED_RUNS - CAP
 
 
 def test_tenant_bad_input_names_the_field(stack: Stack) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
 
-from scheduler.fairness import CachedDirectory, TenantLimits, Throttle
+from scheduler.fairness import CachedDirectory, ConcurrencyGate, TenantLimits, Throttle
+from scheduler.model import Run, RunStatus
 
 
 class Clock:
@@ -71,3 +73,82 @@ async def test_the_directory_cache_asks_the_source_once_per_tenant_per_ttl() -> 
     table["a"] = TenantLimits(tier="free", enqueue_rate=1.0)
     clock.t += 11
     assert (await directory.limits({"a"}))["a"].tier == "free"
+
+
+class Rows:
+    """Run rows as the gate reads them, set by the test."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Run] = {}
+        self.reads: list[list[str]] = []
+
+    async def get_many(self, run_ids: Sequence[str]) -> Mapping[str, Run]:
+        self.reads.append(list(run_ids))
+        return {r: self.rows[r] for r in run_ids if r in self.rows}
+
+    def set(self, run_id: str, status: RunStatus, attempt: int = 1) -> None:
+        self.rows[run_id] = Run(
+            run_id=run_id,
+            schedule_id="s",
+            scheduled_for=datetime(2026, 1, 1, tzinfo=UTC),
+            status=status,
+            attempt=attempt,
+        )
+
+
+CAPPED = TenantLimits(max_concurrent=3)
+
+
+async def test_the_gate_holds_a_tenant_to_its_cap_until_runs_finish() -> None:
+    clock, rows = Clock(), Rows()
+    gate = ConcurrencyGate(rows, clock=clock)
+    await gate.refresh({"t": CAPPED})
+    for i in range(3):
+        assert gate.admit("t", CAPPED) == 0.0
+        gate.started("t", f"r{i}", 1)
+        rows.set(f"r{i}", RunStatus.ENQUEUED)
+    # Over the cap: put off, the herd spread one poll per cap's worth.
+    assert [gate.admit("t", CAPPED) for _ in range(7)] == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0]
+    # Another tenant, or one without a cap, is not held back.
+    assert gate.admit("u", CAPPED) == 0.0 and gate.admit("t", TenantLimits()) == 0.0
+
+    await gate.refresh({"t": CAPPED})  # at the cap: the rows are read
+    assert len(rows.reads) == 1 and gate.in_flight("t") == 3
+    rows.set("r0", RunStatus.SUCCEEDED)
+    rows.set("r1", RunStatus.RUNNING)
+    rows.set("r2", RunStatus.FAILED)  # its retry is enqueued (and counted) anew
+    await gate.refresh({"t": CAPPED})  # read again only once the poll is over
+    assert len(rows.reads) == 1 and gate.in_flight("t") == 3
+    clock.t += 1.0
+    await gate.refresh({"t": CAPPED})
+    assert sorted(rows.reads[1]) == ["r0", "r1", "r2"]
+    assert gate.in_flight("t") == 1
+    assert gate.admit("t", CAPPED) == 0.0
+
+
+async def test_the_gate_reads_nothing_below_the_cap_and_forgets_runs_moved_on() -> None:
+    clock, rows = Clock(), Rows()
+    gate = ConcurrencyGate(rows, clock=clock, young=10.0)
+    for i in range(3):
+        gate.started("t", f"r{i}", 1)
+    rows.set("r0", RunStatus.ENQUEUED, attempt=2)  # a later attempt: that one counts anew
+    rows.set("r1", RunStatus.RUNNING)
+    # r2 has no row yet: its batch may still be writing it.
+    clock.t += 5.0
+    await gate.refresh({"t": CAPPED})
+    assert gate.in_flight("t") == 2
+    clock.t += 6.0
+    await gate.refresh({"t": CAPPED})
+    assert gate.in_flight("t") == 2  # under the cap now: no read at all
+    assert len(rows.reads) == 1
+    gate.started("t", "r3", 1)
+    rows.set("r3", RunStatus.RUNNING)
+    await gate.refresh({"t": CAPPED})
+    assert gate.in_flight("t") == 2  # r2 never showed up within `young`: forgotten
+
+
+def test_a_dispatcher_gets_its_share_of_the_cap_rounded_up() -> None:
+    gate = ConcurrencyGate(Rows(), share=lambda: 0.25)
+    assert gate.cap(TenantLimits(max_concurrent=10)) == 3
+    assert gate.cap(TenantLimits(max_concurrent=1)) == 1
+    assert gate.cap(TenantLimits()) is None
