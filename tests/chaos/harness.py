@@ -812,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = run_chaos(options)
     sys.stdout.write(report.render())
-    return 0 if not report.lost and not report.stuck else 1
+    return 0 if not report.lost and not report.stuck and report.dlq.ok else 1
 
 
 if __name__ == "__main__":
