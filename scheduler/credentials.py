@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import grpc
 
 from scheduler.config import Config
-from scheduler.tenancy import KEY_PREFIX
+from scheduler.tenancy import make_token
 
 DEV_KEYS_FILE = "dev-keys.json"
 ENV_API_KEY = "CRONSCALE_API_KEY"
@@ -34,11 +33,6 @@ ENV_CA_FILE = "CRONSCALE_TLS_CA_FILE"
 class DevKeys:
     admin: str = field(repr=False)
     worker: str = field(repr=False)
-
-
-def make_token() -> str:
-    """A fresh API key in the server's format (the server stores only its hash)."""
-    return f"{KEY_PREFIX}{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
 
 
 def local_home(env: Mapping[str, str] | None = None) -> Path:

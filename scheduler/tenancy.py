@@ -171,6 +171,11 @@ class NewKey:
     token: str = field(repr=False)
 
 
+def make_token() -> str:
+    """A fresh API key, ``csk_<16 hex>_<43 base64url>`` (the secret may itself hold ``_``)."""
+    return f"{KEY_PREFIX}{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
+
+
 def new_key(
     *,
     role: Role,
@@ -183,7 +188,7 @@ def new_key(
     """A fresh key (or, with ``token``, the stored form of a key an operator chose for the
     bootstrap: it must be well formed)."""
     if token is None:
-        token = f"{KEY_PREFIX}{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
+        token = make_token()
     key_id, secret = parse_token(token)
     salt = secrets.token_bytes(16)
     return NewKey(

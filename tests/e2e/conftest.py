@@ -19,7 +19,8 @@ from bucketer.cql import connect
 from cronscale.v1 import scheduler_service_pb2_grpc
 from ops.migrate import migrate
 from scheduler.config import Config
-from scheduler.credentials import authed_channel, make_token
+from scheduler.credentials import authed_channel
+from scheduler.tenancy import make_token
 from tests.services import require_services, test_config
 
 REPO = Path(__file__).resolve().parents[2]

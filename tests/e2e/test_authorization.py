@@ -33,7 +33,8 @@ from cronscale.v1 import (
     tenant_service_pb2,
     tenant_service_pb2_grpc,
 )
-from scheduler.credentials import authed_channel, make_token
+from scheduler.credentials import authed_channel
+from scheduler.tenancy import make_token
 from tests.e2e.conftest import Stack
 from tests.e2e.support import cron_spec, dur, get_run, json_payload, once_spec, ts, wait_until
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from scheduler.config import Config
-from scheduler.credentials import client_key, dev_keys, make_token, with_dev_keys
+from scheduler.credentials import client_key, dev_keys, with_dev_keys
 from scheduler.errors import InvalidArgument
-from scheduler.tenancy import Role, new_key, parse_token
+from scheduler.tenancy import Role, make_token, new_key, parse_token
 from worker.config import WorkerConfig
 
 
@@ -72,3 +72,11 @@ def test_keys_are_stored_as_salted_hashes() -> None:
     for bad in ("", "csk_", "csk_zz_" + secret, token + "x", "Bearer " + token):
         with pytest.raises(InvalidArgument):
             parse_token(bad)
+
+
+def test_a_secret_holding_underscores_parses_whole() -> None:
+    # token_urlsafe draws from A-Z a-z 0-9 - _, so a secret may hold "_" anywhere; the id is the
+    # part before the second "_", the secret all that follows it.
+    secret = "_a_" + "b" * 39 + "_"
+    key_id, parsed = parse_token(f"csk_0123456789abcdef_{secret}")
+    assert (key_id, parsed) == ("0123456789abcdef", secret)
