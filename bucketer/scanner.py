@@ -5,7 +5,9 @@ One scanner serves every shard its member owns. Each tick it reads, for every un
 has not seen, with one multi-partition query per bucket (chunks of shards), not a query per
 shard: an idle dispatcher with 64 shards costs two queries a tick, not 64. Timers wait in
 memory until due and are handed to ``on_due`` in batches the moment they are; the read-ahead is
-what keeps the :00 burst from being I/O bound ("read bucket t+1 ahead of time").
+what keeps the :00 burst from being I/O bound ("read bucket t+1 ahead of time"). With more due
+than one batch and ``lanes`` given, a round hands at most ``batches_in_flight`` batches in
+weighted round-robin order across lanes (bucketer.lanes), and the next round starts at once.
 
 Progress: after a batch is handed, each partition's checkpoint may move to the first timer
 still pending, but never past ``grace`` before the start of the last read (nor past ``now -
@@ -28,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership, epoch_start
 from bucketer.keys import bucket_end, minute_bucket
+from bucketer.lanes import Lanes, fair_order, fill_batches
 from bucketer.model import SETTLED, Checkpoint, ShardLease, Timer
 
 logger = logging.getLogger(__name__)
@@ -119,6 +122,7 @@ class WheelScanner:
         on_poison: OnPoison | None = None,
         is_transient: Callable[[BaseException], bool] | None = None,
         may_fire: Callable[[int], bool] | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
         self._coalesce = coalesce.total_seconds()
         self._store = store
@@ -137,6 +141,11 @@ class WheelScanner:
         self._clock = clock
         self._on_poison = on_poison
         self._may_fire = may_fire or (lambda _shard: True)
+        # With lanes, a round hands at most ``batches_in_flight`` batches, in weighted
+        # round-robin order across lanes (bucketer.lanes); the rest wait for the next round,
+        # which starts at once and is ordered afresh with whatever fell due meanwhile.
+        self._lanes = lanes
+        self._backlog = False
         self._is_transient = is_transient or _transient_by_default
         self._strikes: dict[Position, int] = {}
         # The kinds of timers handed fine in the current round.
@@ -219,6 +228,8 @@ class WheelScanner:
             await self._sleep(next_read)
 
     async def _sleep(self, next_read: float) -> None:
+        if self._backlog:
+            return  # due timers were left for the next round: it starts now
         wait = next_read - time.monotonic()
         earliest = min(
             (t.fire_time for p in self.shards.values() for t in p.pending.values()), default=None
@@ -302,7 +313,8 @@ class WheelScanner:
                 p.pending[pos] = t
 
     async def fire_due(self) -> int:
-        """Hands every pending timer that is due to ``on_due``, in batches, oldest first;
+        """Hands the pending timers that are due to ``on_due``, in batches, oldest first (or,
+        with lanes and more than a batch due, a round's worth in fair order across lanes);
         returns how many were handed.
 
         A batch that fails is split in halves and each half handed again, down to single
@@ -323,8 +335,10 @@ class WheelScanner:
             key=lambda t: t.position,
         )
         self._round_ok = set()
+        self._backlog = False
         if not due:
             return 0
+        batches = self._batches(due)
         slots = asyncio.Semaphore(self._in_flight)
 
         async def hand(batch: list[Timer]) -> int:
@@ -333,9 +347,7 @@ class WheelScanner:
 
         # Several batches in flight: one slow write or send does not hold up the others, and a
         # :00 herd's batches overlap their reads, writes and produces.
-        results = await asyncio.gather(
-            *(hand(b) for b in self._batches(due)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(hand(b) for b in batches), return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
                 raise r
@@ -347,6 +359,10 @@ class WheelScanner:
         n = -(-len(due) // self._batch)
         if n == 1:
             return [due]
+        if self._lanes is not None:
+            limit = self._batch * self._in_flight
+            self._backlog = len(due) > limit
+            return fill_batches(fair_order(due, self._lanes), self._batch, limit)
         batches: list[list[Timer]] = [[] for _ in range(n)]
         for t in due:
             batches[hash(t.key) % n].append(t)

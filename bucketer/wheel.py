@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from bucketer.cassandra import CassandraTimerStore
+from bucketer.lanes import Lanes
 from bucketer.ownership import ShardOwnership
 from bucketer.scanner import OnDue, OnPoison, WheelScanner
 
@@ -30,6 +31,7 @@ class TimerWheel:
         grace: timedelta = timedelta(seconds=2),
         on_poison: OnPoison | None = None,
         is_transient: Callable[[BaseException], bool] | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
         self.ownership: ShardOwnership
         self.scanner = WheelScanner(
@@ -40,6 +42,7 @@ class TimerWheel:
             on_poison=on_poison,
             is_transient=is_transient,
             may_fire=lambda shard: self.ownership.may_fire(shard),
+            lanes=lanes,
         )
         self.ownership = ShardOwnership(
             store,

@@ -413,6 +413,7 @@ class BackfillDriver:
                             scheduled_for=at,
                             fire_at=now,
                             backfill_id=r.backfill_id,
+                            tenant=s.tenant,
                         ),
                     )
                 )

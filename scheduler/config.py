@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from scheduler.errors import InvalidArgument
 from scheduler.fairness import DEFAULT_TIER
 
+# Turns per round of each tier when a backlog is dispatched round-robin across tenants.
+DEFAULT_TIER_WEIGHTS = {"free": 1, "standard": 2, "premium": 4}
+
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
@@ -50,6 +53,9 @@ class Config:
     repair_rate: float = 500.0
     # Tenant tiers, each with its own run topic ("<prefix>.<tier>"); the first is the default.
     tiers: tuple[str, ...] = ("standard", "free", "premium")
+    # When more firings are due than a dispatcher hands over in one round, tenants take turns,
+    # each taking this many of its tier's schedules per turn (a tier not listed: 1).
+    tier_weights: tuple[tuple[str, int], ...] = tuple(DEFAULT_TIER_WEIGHTS.items())
     # Keys the API stores on start if absent (the first admin key of a new cluster, the dev
     # stack's worker key): `csk_<16 hex>_<43 base64url>`. Never logged.
     bootstrap_admin_key: str = field(default="", repr=False)
@@ -75,6 +81,7 @@ class Config:
 
         hosts = tuple(h.strip() for h in e.get("CRONSCALE_CASSANDRA_HOSTS", "127.0.0.1").split(","))
         api = e.get("CRONSCALE_API", "127.0.0.1:50051")
+        tiers = _tiers(e.get("CRONSCALE_TIERS", "standard,free,premium"))
         return cls(
             cassandra_hosts=tuple(h for h in hosts if h),
             # Without explicit client settings, follow the local stack's ports.
@@ -96,7 +103,8 @@ class Config:
             heartbeat_lease_s=float(_int("CRONSCALE_HEARTBEAT_LEASE", 60)),
             repair_interval_s=float(_int("CRONSCALE_REPAIR_INTERVAL", 3600)),
             repair_rate=float(_int("CRONSCALE_REPAIR_RATE", 500)),
-            tiers=_tiers(e.get("CRONSCALE_TIERS", "standard,free,premium")),
+            tiers=tiers,
+            tier_weights=_tier_weights(e.get("CRONSCALE_TIER_WEIGHTS"), tiers),
             bootstrap_admin_key=e.get("CRONSCALE_BOOTSTRAP_ADMIN_KEY", ""),
             bootstrap_worker_key=e.get("CRONSCALE_BOOTSTRAP_WORKER_KEY", ""),
             tls_cert_file=e.get("CRONSCALE_TLS_CERT_FILE", ""),
@@ -120,6 +128,34 @@ def _tiers(raw: str) -> tuple[str, ...]:
     if DEFAULT_TIER not in tiers:
         raise InvalidArgument("CRONSCALE_TIERS", f"must include {DEFAULT_TIER!r}, got {raw!r}")
     return tiers
+
+
+MAX_TIER_WEIGHT = 100
+
+
+def _tier_weights(raw: str | None, tiers: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """``tier=weight`` pairs, comma separated, for tiers of ``tiers`` (a weight of a tier
+    that is not configured would be a typo, silently ignored: refused instead). Unset: the
+    default weights of the configured tiers among free, standard and premium."""
+    if raw is None:
+        return tuple((t, w) for t, w in DEFAULT_TIER_WEIGHTS.items() if t in tiers)
+    name = "CRONSCALE_TIER_WEIGHTS"
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        tier, sep, value = (x.strip() for x in part.partition("="))
+        if not sep:
+            raise InvalidArgument(name, f"{part!r} is not tier=weight")
+        if tier not in tiers:
+            raise InvalidArgument(name, f"tier {tier!r} is not one of CRONSCALE_TIERS {tiers}")
+        if not value.isdigit() or not 1 <= int(value) <= MAX_TIER_WEIGHT:
+            raise InvalidArgument(
+                name,
+                f"weight of {tier!r} must be an integer from 1 to {MAX_TIER_WEIGHT}, got {value!r}",
+            )
+        out[tier] = int(value)
+    return tuple(out.items())
 
 
 _TIER = re.compile(r"^[a-z][a-z0-9-]{0,31}$")

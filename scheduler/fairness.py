@@ -29,8 +29,10 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
+from bucketer.model import Timer
 from scheduler.model import Run, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -142,6 +144,42 @@ class CachedDirectory:
             if known is not None and known[1] is not None:
                 out[t] = known[1]
         return out
+
+
+class TenantLanes:
+    """The wheel's lanes (bucketer.lanes) for the dispatcher: a timer's lane is its tenant,
+    a tenant's weight its tier's (``CRONSCALE_TIER_WEIGHTS``). Used only when more firings are
+    due than one round hands over, so a tenant with 100,000 schedules due at 00:00 takes turns
+    with one that has 10 instead of going first; in the common case it costs nothing. The
+    tier is the one last seen for the tenant in a batch (``learn``), the default tier before.
+    """
+
+    def __init__(
+        self, weights: Mapping[str, int], lane_of: Callable[[Timer], str], *, cache: int = 200_000
+    ) -> None:
+        self._weights = dict(weights)
+        self._lane_of = lane_of
+        self._tiers: dict[str, str] = {}
+        # Timers wait in a backlog for several rounds: decode each one's tenant once.
+        self._lanes: dict[tuple[datetime, str, int], str] = {}
+        self._cache = cache
+
+    def learn(self, limits: Mapping[str, TenantLimits]) -> None:
+        """Records the tiers of tenants a batch just looked up."""
+        for tenant, known in limits.items():
+            self._tiers[tenant] = known.tier
+
+    def lane(self, timer: Timer) -> str:
+        key = (timer.fire_time, timer.timer_id, timer.shard)
+        lane = self._lanes.get(key)
+        if lane is None:
+            if len(self._lanes) >= self._cache:
+                self._lanes.clear()
+            lane = self._lanes[key] = self._lane_of(timer)
+        return lane
+
+    def weight(self, lane: str) -> int:
+        return self._weights.get(self._tiers.get(lane, DEFAULT_TIER), 1)
 
 
 class RunReader(Protocol):

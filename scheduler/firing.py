@@ -32,6 +32,7 @@ from scheduler.fairness import (
     UNLIMITED,
     ConcurrencyGate,
     TenantDirectory,
+    TenantLanes,
     TenantLimits,
     Throttle,
     Unlimited,
@@ -220,6 +221,7 @@ def plan_fire(
             scheduled_for=nxt.at,
             fired=fired,
             quota_behind=behind,
+            tenant=s.tenant,
         ).to_timer(shard_count)
     )
 
@@ -347,6 +349,7 @@ class Firing:
         tenants: TenantDirectory | None = None,
         throttle: Throttle | None = None,
         concurrency: ConcurrencyGate | None = None,
+        lanes: TenantLanes | None = None,
         misfire_threshold: timedelta = MISFIRE_THRESHOLD,
         start_lease: timedelta = START_LEASE,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
@@ -369,6 +372,7 @@ class Firing:
         self._tenants: TenantDirectory = tenants or Unlimited()
         self._throttle = throttle or Throttle()
         self._gate = concurrency or ConcurrencyGate(runs)
+        self._lanes = lanes
         self._clock = clock
         self._backfills = backfills
         self._dead_letters = dead_letters
@@ -427,6 +431,8 @@ class Firing:
         now = self._clock()
         plan = FiringPlan()
         plan.limits = await self._tenants.limits({s.tenant for s in schedules.values()})
+        if self._lanes is not None:
+            self._lanes.learn(plan.limits)
         await self._gate.refresh(plan.limits)
         # Runs of timers a new shard owner hands over that its previous owner may have fired.
         recheck: set[str] = set()

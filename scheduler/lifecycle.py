@@ -377,6 +377,7 @@ class Lifecycle:
             fire_at=run.enqueue_time,
             manual=run.manual,
             origin_run_id=run.origin_run_id,
+            tenant=run.tenant,
         )
         # Timer first: a failure after it still enqueues the run (the dispatcher records it).
         await svc.timers.put([timer.to_timer(svc.timers.shard_count)], now=run.enqueue_time)

@@ -124,6 +124,7 @@ class RepairSweep:
                 slot=last.slot,
                 scheduled_for=last.at,
                 fired=fired,
+                tenant=s.tenant,
             )
         else:
             timer = self._svc.first_fire(s, now, fired=fired)

@@ -112,6 +112,7 @@ class RunReports:
                             scheduled_for=e.scheduled_for,
                             fire_at=now,
                             origin_run_id=e.run_id,
+                            tenant=s.tenant,
                         )
                     )
         released: list[Write] = []
@@ -135,6 +136,7 @@ class RunReports:
                     scheduled_for=s.buffered.scheduled_for,
                     fire_at=now,
                     manual=s.buffered.manual,
+                    tenant=s.tenant,
                 )
             )
             # In progress from now on, not only once a dispatcher enqueues it: a slot due in

@@ -170,6 +170,7 @@ class Failures:
                     scheduled_for=e.scheduled_for,
                     fire_at=at,
                     attempt=e.attempt + 1,
+                    tenant=s.tenant,
                 )
             )
             items.append(self._runs.retry_row(e, at))

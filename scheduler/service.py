@@ -116,6 +116,7 @@ class ScheduleService:
             slot=nxt.slot,
             scheduled_for=nxt.at,
             fired=fired,
+            tenant=s.tenant,
         )
 
     async def create_many(
@@ -301,6 +302,7 @@ class ScheduleService:
                 run_id=run_id_for(s.schedule_id, slot.at),
                 scheduled_for=slot.at,
                 fire_at=now,
+                tenant=s.tenant,
             ).to_timer(self._timers.shard_count)
             for slot in catch_up
         ]

@@ -49,6 +49,9 @@ class FireTimer:
     # Put off last by the concurrent-runs cap, which books nothing ahead (a rate deferral
     # books the slot's token): admitted afresh when due.
     capped: bool = False
+    # The schedule's tenant: the timer's lane when a backlog is dispatched round-robin
+    # across tenants (bucketer.lanes); "" in timers written before it was recorded.
+    tenant: str = ""
 
     @property
     def held_by_quota(self) -> bool:
@@ -68,6 +71,8 @@ class FireTimer:
             doc["qb"] = True
         if self.capped:
             doc["cc"] = True
+        if self.tenant:
+            doc["t"] = self.tenant
         fire_at = self.scheduled_for + timedelta(milliseconds=self.deferred_ms)
         return _timer(FIRE, self.schedule_id, self.schedule_id, fire_at, doc, shard_count)
 
@@ -83,6 +88,7 @@ class FireTimer:
             deferred_ms=int(doc.get("d_ms", 0)),
             quota_behind=bool(doc.get("qb", False)),
             capped=bool(doc.get("cc", False)),
+            tenant=str(doc.get("t", "")),
         )
 
 
@@ -103,6 +109,8 @@ class RunTimer:
     # the concurrent-runs cap did it last (see FireTimer.capped).
     deferred_ms: int = 0
     capped: bool = False
+    # The schedule's tenant (see FireTimer.tenant).
+    tenant: str = ""
 
     def to_timer(self, shard_count: int) -> Timer:
         doc: dict[str, Any] = {
@@ -119,6 +127,8 @@ class RunTimer:
             doc["d_ms"] = self.deferred_ms
         if self.capped:
             doc["cc"] = True
+        if self.tenant:
+            doc["t"] = self.tenant
         timer_id = self.run_id
         if self.attempt > 1:
             doc["attempt"] = self.attempt
@@ -140,6 +150,7 @@ class RunTimer:
             attempt=int(doc.get("attempt", 1)),
             deferred_ms=int(doc.get("d_ms", 0)),
             capped=bool(doc.get("cc", False)),
+            tenant=str(doc.get("t", "")),
         )
 
 
@@ -238,6 +249,17 @@ class BackfillTimer:
     def from_timer(cls, timer: Timer) -> BackfillTimer:
         doc = _load(timer)
         return cls(backfill_id=timer.key, tick=int(doc["tick"]), fire_at=timer.fire_time)
+
+
+def tenant_of(timer: Timer) -> str:
+    """The tenant a fire or run timer fires for ("" for other kinds, and for timers written
+    before tenants were recorded on them)."""
+    if timer.kind not in (FIRE, RUN) or b'"t":' not in timer.data:
+        return ""
+    try:
+        return str(json.loads(timer.data).get("t", ""))
+    except ValueError:
+        return ""  # poison is the firing path's to quarantine, not the fairness order's
 
 
 def _timer(

@@ -11,7 +11,7 @@ from bucketer.wheel import TimerWheel
 from scheduler import metrics
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
-from scheduler.fairness import CachedDirectory, ConcurrencyGate, Throttle
+from scheduler.fairness import CachedDirectory, ConcurrencyGate, TenantLanes, Throttle
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.repair import RepairSweep
@@ -19,6 +19,7 @@ from scheduler.retries import DeadLetterPublisher, failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
 from scheduler.startup import until_up
+from scheduler.timers import tenant_of
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 """This dispatcher's share of the shards: its part of each tenant's quotas."""
                 return len(wheel.owned_shards) / max(timers.shard_count, 1)
 
+            lanes = TenantLanes(dict(config.tier_weights), tenant_of)
             firing = Firing(
                 schedules=schedules,
                 runs=runs,
@@ -68,6 +70,7 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 tenants=CachedDirectory(stores.tenants.limits),
                 throttle=Throttle(share=share),
                 concurrency=ConcurrencyGate(runs, share=share),
+                lanes=lanes,
                 failures=failures_of(stores),
                 dead_letters=DeadLetterPublisher(
                     dead_letters=stores.dead_letters,
@@ -85,6 +88,7 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 on_due=firing.on_due,
                 on_poison=firing.quarantine,
                 is_transient=firing.is_transient,
+                lanes=lanes,
             )
             metrics.OWNED_SHARDS.set_function(lambda: len(wheel.owned_shards))
             metrics.TIMERS_PENDING.set_function(wheel.scanner.pending_count)

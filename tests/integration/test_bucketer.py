@@ -657,3 +657,64 @@ async def test_a_timer_written_while_a_slow_batch_fires_is_still_read(
     await asyncio.sleep(0.2)
     await scanner.fire_due()
     assert written and fired == ["slow-first", "written-meanwhile"]
+
+
+class _LaneInData:
+    """Lanes of the fairness test: the lane is the timer's data."""
+
+    def lane(self, timer: Timer) -> str:
+        return timer.data.decode()
+
+    def weight(self, lane: str) -> int:
+        return 1
+
+
+async def test_a_deep_backlog_is_handed_round_robin_across_lanes(
+    store: CassandraTimerStore,
+) -> None:
+    """600 timers of lane "noisy" and 6 of lane "quiet" due in the same second, the quiet ones
+    last in the partition: with lanes they go out in the first batch, and a quiet timer that
+    falls due while the backlog drains is handed in the very next round, not after it."""
+    shard = 0
+    claimed = await _claim(store, shard, "lanes")
+    at = datetime.now(UTC) - timedelta(seconds=1)
+
+    def timer(timer_id: str, lane: str, when: datetime = at) -> Timer:
+        return Timer(
+            fire_time=when, timer_id=timer_id, shard=shard, kind="t", key=timer_id,
+            data=lane.encode(),
+        )  # fmt: skip
+
+    noisy = [timer(f"a-{i:04d}", "noisy") for i in range(600)]
+    quiet = [timer(f"z-{i}", "quiet") for i in range(6)]
+    await store.put([*noisy, *quiet], now=at)
+    batches: list[list[str]] = []
+    rounds: list[int] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        # (Only this test's timers: an earlier test left some of its own on the shard.)
+        batches.append([t.timer_id for t in batch if t.data in (b"noisy", b"quiet")])
+
+    scanner = WheelScanner(
+        store, on_due, batch=50, batches_in_flight=2, grace=timedelta(seconds=1),
+        lanes=_LaneInData(),
+    )  # fmt: skip
+    await scanner.add_shard(claimed)
+    await scanner.read(datetime.now(UTC))
+    rounds.append(await scanner.fire_due())
+    first = batches[0]
+    assert {f"z-{i}" for i in range(6)} <= set(first)
+    assert rounds[0] == 100  # the round stopped at batches_in_flight x batch
+    assert len(batches) == 2
+
+    late = timer("z-late", "quiet", datetime.now(UTC))
+    await store.put([late], now=late.fire_time)
+    while sum(map(len, batches)) < len(noisy) + len(quiet) + 1:
+        await scanner.read(datetime.now(UTC))
+        handed = await scanner.fire_due()
+        assert handed, "the backlog stopped draining"
+        rounds.append(handed)
+        await scanner.record_progress()
+    assert "z-late" in batches[2]  # the first batch of the next round
+    fired = [t for b in batches for t in b]
+    assert sorted(fired) == sorted([t.timer_id for t in [*noisy, *quiet, late]])

@@ -5,8 +5,16 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 
-from scheduler.fairness import CachedDirectory, ConcurrencyGate, TenantLimits, Throttle
+from bucketer.model import Timer
+from scheduler.fairness import (
+    CachedDirectory,
+    ConcurrencyGate,
+    TenantLanes,
+    TenantLimits,
+    Throttle,
+)
 from scheduler.model import Run, RunStatus
+from scheduler.timers import FireTimer, RunTimer, tenant_of
 
 
 class Clock:
@@ -152,3 +160,34 @@ def test_a_dispatcher_gets_its_share_of_the_cap_rounded_up() -> None:
     assert gate.cap(TenantLimits(max_concurrent=10)) == 3
     assert gate.cap(TenantLimits(max_concurrent=1)) == 1
     assert gate.cap(TenantLimits()) is None
+
+
+def test_tenant_lanes_weigh_a_tenant_by_the_tier_last_seen_and_decode_once() -> None:
+    calls: list[str] = []
+
+    def lane_of(timer: Timer) -> str:
+        calls.append(timer.timer_id)
+        return tenant_of(timer)
+
+    at = datetime(2026, 12, 3, tzinfo=UTC)
+    timer = FireTimer(
+        schedule_id="s1", generation=1, slot=at, scheduled_for=at, tenant="acme"
+    ).to_timer(64)
+    lanes = TenantLanes({"standard": 2, "premium": 4}, lane_of)
+    assert lanes.lane(timer) == "acme" and lanes.lane(timer) == "acme" and len(calls) == 1
+    assert lanes.weight("acme") == 2  # not seen yet: the default tier
+    lanes.learn({"acme": TenantLimits(tier="premium")})
+    assert lanes.weight("acme") == 4
+    lanes.learn({"acme": TenantLimits(tier="free")})
+    assert lanes.weight("acme") == 1  # a tier without a weight takes one turn
+
+
+def test_fire_and_run_timers_carry_their_tenant_and_old_timers_have_none() -> None:
+    at = datetime(2026, 12, 3, tzinfo=UTC)
+    fire = FireTimer(schedule_id="s", generation=1, slot=at, scheduled_for=at, tenant="t1")
+    run = RunTimer(schedule_id="s", run_id="r", scheduled_for=at, fire_at=at, tenant="t2")
+    assert FireTimer.from_timer(fire.to_timer(8)).tenant == "t1"
+    assert RunTimer.from_timer(run.to_timer(8)).tenant == "t2"
+    assert [tenant_of(fire.to_timer(8)), tenant_of(run.to_timer(8))] == ["t1", "t2"]
+    older = FireTimer(schedule_id="s", generation=1, slot=at, scheduled_for=at).to_timer(8)
+    assert b'"t"' not in older.data and tenant_of(older) == ""

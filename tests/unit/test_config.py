@@ -1,0 +1,35 @@
+"""The control plane's configuration from the environment: tiers and their weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.config import Config
+from scheduler.errors import InvalidArgument
+
+
+def test_tier_weights_default_to_the_configured_tiers() -> None:
+    assert dict(Config.from_env({}).tier_weights) == {"free": 1, "standard": 2, "premium": 4}
+    only = Config.from_env({"CRONSCALE_TIERS": "standard,gold"})
+    assert dict(only.tier_weights) == {"standard": 2}
+
+
+def test_tier_weights_are_read_from_the_environment() -> None:
+    c = Config.from_env({"CRONSCALE_TIERS": "standard,gold", "CRONSCALE_TIER_WEIGHTS": "gold=9"})
+    assert dict(c.tier_weights) == {"gold": 9}
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("premium", "is not tier=weight"),
+        ("gold=2", "tier 'gold' is not one of CRONSCALE_TIERS"),
+        ("premium=0", "must be an integer from 1 to 100"),
+        ("premium=x", "must be an integer from 1 to 100"),
+        ("premium=101", "must be an integer from 1 to 100"),
+    ],
+)
+def test_bad_tier_weights_name_the_variable_and_the_problem(raw: str, problem: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        Config.from_env({"CRONSCALE_TIER_WEIGHTS": raw})
+    assert e.value.field == "CRONSCALE_TIER_WEIGHTS" and problem in str(e.value)
