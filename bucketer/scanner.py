@@ -359,10 +359,13 @@ class WheelScanner:
         n = -(-len(due) // self._batch)
         if n == 1:
             return [due]
-        if self._lanes is not None:
+        lanes = self._lanes
+        if lanes is not None and len({lanes.lane(t) for t in due}) > 1:
+            # One lane (a single tenant's herd) has nobody to be fair to: no round limit, as
+            # without lanes (a 20,000 herd of one tenant drained slower with the limit).
             limit = self._batch * self._in_flight
             self._backlog = len(due) > limit
-            return fill_batches(fair_order(due, self._lanes), self._batch, limit)
+            return fill_batches(fair_order(due, lanes), self._batch, limit)
         batches: list[list[Timer]] = [[] for _ in range(n)]
         for t in due:
             batches[hash(t.key) % n].append(t)
