@@ -22,7 +22,8 @@ class Lanes(Protocol):
     """How the caller groups due timers for fairness."""
 
     def lane(self, timer: Timer) -> str:
-        """The lane of ``timer``; every timer of one key must be in the same lane."""
+        """The lane of ``timer``. A key's timers go together in the lane of its oldest one
+        (a schedule's lease timers, in no tenant's lane, travel with its fire timers)."""
         ...
 
     def weight(self, lane: str) -> int:

@@ -335,10 +335,11 @@ class WheelScanner:
             key=lambda t: t.position,
         )
         self._round_ok = set()
-        self._backlog = False
+        batches = self._batches(due) if due else []
+        # Due timers left for the next round (a fair round stops at its limit): no pause.
+        self._backlog = sum(map(len, batches)) < len(due)
         if not due:
             return 0
-        batches = self._batches(due)
         slots = asyncio.Semaphore(self._in_flight)
 
         async def hand(batch: list[Timer]) -> int:
@@ -363,9 +364,7 @@ class WheelScanner:
         if lanes is not None and len({lanes.lane(t) for t in due}) > 1:
             # One lane (a single tenant's herd) has nobody to be fair to: no round limit, as
             # without lanes (a 20,000 herd of one tenant drained slower with the limit).
-            limit = self._batch * self._in_flight
-            self._backlog = len(due) > limit
-            return fill_batches(fair_order(due, lanes), self._batch, limit)
+            return fill_batches(fair_order(due, lanes), self._batch, self._batch * self._in_flight)
         batches: list[list[Timer]] = [[] for _ in range(n)]
         for t in due:
             batches[hash(t.key) % n].append(t)
