@@ -7,6 +7,15 @@ decide, by the schedule's policies, which slots run and which are recorded SKIPP
 progress on their schedule, put each schedule's next timer (grouped writes), then produce the run
 messages to Kafka and wait for their acknowledgement. Only then does the scanner move its
 checkpoint, so a crash anywhere re-fires the batch with the same run ids (at-least-once).
+
+Carried leases: every enqueued attempt holds a lease (scheduler.retries). A run fired from a
+slot whose schedule's next slot comes due before that lease does writes no lease timer: the
+next fire timer carries the lease. When that timer fires (or is found superseded), the schedule
+row read for it says whether the run finished (``done_run``); if so the lease is settled
+without a write, else it is written then as an ordinary lease timer, due when it was always
+due. The API has nothing to settle for such a run (its message carries no lease time). So a
+recurring schedule's firing costs no lease write and no settle, and a lost run is still found
+at its lease.
 """
 
 from __future__ import annotations
@@ -102,6 +111,8 @@ class FiringPlan:
     completed: list[tuple[Schedule, datetime]] = field(default_factory=list)
     buffered: list[tuple[Schedule, BufferedRun]] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)
+    # Runs whose lease their schedule's next fire timer carries (no lease timer of their own).
+    carried: set[str] = field(default_factory=set)
     # The tenants' tiers and quotas (scheduler.fairness), for the batch's schedules.
     limits: Mapping[str, TenantLimits] = field(default_factory=dict)
 
@@ -129,12 +140,15 @@ def plan_fire(
     shard_count: int,
     *,
     misfire_threshold: timedelta = MISFIRE_THRESHOLD,
+    lease_at: datetime | None = None,
 ) -> None:
     """Decides what a due slot of ``s`` does, by its policies; appends to ``plan``.
 
     A slot later than ``misfire_threshold`` counts as missed, with every slot after it up to
     now: the misfire policy picks which run. Otherwise the slot runs, subject to the overlap
-    policy; then the next slot is put, or the schedule completes.
+    policy; then the next slot is put, or the schedule completes. ``lease_at`` is when the
+    lease of a run enqueued now expires: a single run's lease is carried by the next fire
+    timer when that is due first (see "carried leases" above).
     """
     due = Slot(slot=f.slot, at=f.scheduled_for)
     # Late because the tenant's enqueue quota held it back is not missed (scheduler.fairness).
@@ -213,6 +227,16 @@ def plan_fire(
     if nxt is None:
         plan.completed.append((s, f.scheduled_for))
         return
+    lease = None
+    if lease_at is not None and len(to_fire) == 1 and nxt.at <= lease_at:
+        lease = LeaseTimer(
+            schedule_id=s.schedule_id,
+            run_id=run_id_for(s.schedule_id, to_fire[0].at),
+            attempt=1,
+            fire_at=lease_at,
+            stamp=micros(enqueue_instant(now)),
+        )
+        plan.carried.add(lease.run_id)
     plan.next_timers.append(
         FireTimer(
             schedule_id=s.schedule_id,
@@ -222,8 +246,15 @@ def plan_fire(
             fired=fired,
             quota_behind=behind,
             tenant=s.tenant,
+            lease=lease,
         ).to_timer(shard_count)
     )
+
+
+def enqueue_instant(now: datetime) -> datetime:
+    """A batch's enqueue time as runs record it: to the millisecond, as the API reads it back
+    from the worker's echo (and as Cassandra keeps a timestamp)."""
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
 def _dst_runs(s: Schedule, after: datetime, until: datetime) -> list[Run]:
@@ -382,6 +413,14 @@ class Firing:
         with its error in the quarantine table and on its schedule, counted, logged."""
         metrics.TIMERS_QUARANTINED.labels(kind=timer.kind).inc()
         await self._schedules.quarantine(timer, f"{type(error).__name__}: {error}", self._clock())
+        if timer.kind == FIRE:
+            # The lease it carries still needs its check (the run it guards is not poison).
+            try:
+                lease = FireTimer.from_timer(timer).lease
+            except Exception:
+                lease = None  # unreadable: the quarantine row keeps the data for an operator
+            if lease is not None:
+                await self._timers.put([lease.to_timer(self._timers.shard_count)])
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
@@ -429,6 +468,7 @@ class Firing:
             [f.schedule_id for f in fires] + [r.schedule_id for r in runs]
         )
         now = self._clock()
+        lease_at = enqueue_instant(now) + self._start_lease
         plan = FiringPlan()
         plan.limits = await self._tenants.limits({s.tenant for s in schedules.values()})
         if self._lanes is not None:
@@ -438,6 +478,10 @@ class Firing:
         recheck: set[str] = set()
         for f, timer in zip(fires, fire_timers, strict=True):
             s = schedules.get(f.schedule_id)
+            if f.lease is not None:
+                # Resolved whatever becomes of the slot (fired, put off, superseded).
+                self._resolve_carried(f.lease, s, plan)
+                f = replace(f, lease=None)
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
@@ -455,6 +499,7 @@ class Firing:
                 plan,
                 self._timers.shard_count,
                 misfire_threshold=self._misfire_threshold,
+                lease_at=lease_at,
             )
             self._hold_places(s, plan, before)
             if timer.after_takeover:
@@ -499,6 +544,15 @@ class Firing:
         )
         # Backfills last: live firings of the batch are out before any backfill run.
         await self._backfill_due(backfills)
+
+    def _resolve_carried(self, lease: LeaseTimer, s: Schedule | None, plan: FiringPlan) -> None:
+        """A lease carried by a fire timer now due: settled if its run finished (the schedule
+        row's ``done_run``), else written as a lease timer, due at its own time."""
+        if s is not None and s.done_run == lease.run_id:
+            metrics.LEASES_CARRIED.labels(outcome="settled").inc()
+            return
+        metrics.LEASES_CARRIED.labels(outcome="written").inc()
+        plan.next_timers.append(lease.to_timer(self._timers.shard_count))
 
     def _admit(self, s: Schedule, plan: FiringPlan, *, booked: bool) -> tuple[float, bool]:
         """(0.0, False) if ``s``'s tenant may enqueue one more run now; else how long to put it
@@ -618,7 +672,7 @@ class Firing:
         # when the outcome arrives, checked by a dispatcher only if it does not.
         # Both to the millisecond, as the API reads them back from the worker's echo (and as
         # Cassandra keeps the fire time): the API settles the very row written here.
-        enqueued_ms = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        enqueued_ms = enqueue_instant(now)
         lease_at = enqueued_ms + self._start_lease
         stamp = micros(enqueued_ms)
         shards = self._timers.shard_count
@@ -633,6 +687,7 @@ class Firing:
                         stamp=stamp,
                     ).to_timer(shards)
                     for s, run in plan.enqueue
+                    if run.run_id not in plan.carried
                 ],
                 now=now,
             )
@@ -645,7 +700,8 @@ class Firing:
         by_topic: dict[str, list[run_message_pb2.RunMessage]] = {}
         for s, r in plan.enqueue:
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
-            by_topic.setdefault(self._topic(tier), []).append(self._message(s, r, lease_at))
+            lease = None if r.run_id in plan.carried else lease_at
+            by_topic.setdefault(self._topic(tier), []).append(self._message(s, r, lease))
         await asyncio.gather(
             self._runs.write(items),
             *(self._queue.enqueue(topic, messages) for topic, messages in by_topic.items()),
@@ -656,7 +712,11 @@ class Firing:
         # load: whole schedules stopped for good). Put again at a fresh instant.
         await self._timers.repeat_if_slow(plan.next_timers, written_at=stamped)
 
-    def _message(self, s: Schedule, run: Run, lease_at: datetime) -> run_message_pb2.RunMessage:
+    def _message(
+        self, s: Schedule, run: Run, lease_at: datetime | None
+    ) -> run_message_pb2.RunMessage:
+        """The run's message; ``lease_at`` is set when a lease timer of its own waits for its
+        outcome (the API settles it), None when its lease is carried."""
         m = run_message_pb2.RunMessage(
             schema_version=RUN_MESSAGE_SCHEMA_VERSION,
             run_id=run.run_id,
@@ -675,7 +735,8 @@ class Firing:
         m.scheduled_for.CopyFrom(_ts(run.scheduled_for))
         assert run.enqueue_time is not None
         m.enqueue_time.CopyFrom(_ts(run.enqueue_time))
-        m.lease_expire_time.CopyFrom(_ts(lease_at))
+        if lease_at is not None:
+            m.lease_expire_time.CopyFrom(_ts(lease_at))
         if s.max_runtime:
             m.max_runtime.FromTimedelta(s.max_runtime)
         return m

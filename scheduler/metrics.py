@@ -56,6 +56,12 @@ RUNS_LOST = Counter(
     "Attempts whose lease came due while they were not started or stopped heartbeating.",
     ["state"],
 )
+LEASES_CARRIED = Counter(
+    "cronscale_leases_carried_total",
+    "Leases carried by a schedule's next fire timer, resolved when it fired: outcome=settled "
+    "(the run had finished: nothing written) or written (still open: put as a lease timer).",
+    ["outcome"],
+)
 TIMERS_REPAIRED = Counter(
     "cronscale_timers_repaired_total",
     "Schedules found ACTIVE without a timer by the repair sweep and re-armed.",

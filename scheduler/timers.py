@@ -52,6 +52,11 @@ class FireTimer:
     # The schedule's tenant: the timer's lane when a backlog is dispatched round-robin
     # across tenants (bucketer.lanes); "" in timers written before it was recorded.
     tenant: str = ""
+    # The lease of the run fired at the previous slot, carried here instead of written as a
+    # timer of its own: the slot comes due before the lease does, and the dispatcher that
+    # fires it settles the lease from the schedule row it reads anyway (the run finished) or
+    # writes it as a lease timer then (scheduler.firing, "carried leases").
+    lease: LeaseTimer | None = None
 
     @property
     def held_by_quota(self) -> bool:
@@ -73,12 +78,29 @@ class FireTimer:
             doc["cc"] = True
         if self.tenant:
             doc["t"] = self.tenant
+        if self.lease is not None:
+            doc["pl"] = [
+                self.lease.run_id,
+                self.lease.attempt,
+                micros(self.lease.fire_at),
+                self.lease.stamp,
+            ]
         fire_at = self.scheduled_for + timedelta(milliseconds=self.deferred_ms)
         return _timer(FIRE, self.schedule_id, self.schedule_id, fire_at, doc, shard_count)
 
     @classmethod
     def from_timer(cls, timer: Timer) -> FireTimer:
         doc = _load(timer)
+        lease = None
+        if "pl" in doc:
+            run_id, attempt, fire_us, stamp = doc["pl"]
+            lease = LeaseTimer(
+                schedule_id=timer.key,
+                run_id=str(run_id),
+                attempt=int(attempt),
+                fire_at=from_micros(int(fire_us)),
+                stamp=None if stamp is None else int(stamp),
+            )
         return cls(
             schedule_id=timer.key,
             generation=int(doc["g"]),
@@ -89,6 +111,7 @@ class FireTimer:
             quota_behind=bool(doc.get("qb", False)),
             capped=bool(doc.get("cc", False)),
             tenant=str(doc.get("t", "")),
+            lease=lease,
         )
 
 
@@ -162,6 +185,9 @@ class LeaseTimer:
     Written with the run's first message, at the enqueue instant (``stamp``, µs) as its write
     timestamp; the API settles it (``CassandraTimerStore.settle_rows``) when the attempt's
     outcome arrives, so a run that finishes in time costs no read when its lease comes due.
+    A run fired from a slot whose schedule's next slot comes due first has its lease carried
+    by that next fire timer instead (``FireTimer.lease``), and written only if it is still
+    unsettled then.
     It carries no data: the run id and attempt are in its timer id, the rest is on the run row
     its check reads anyway (one written per firing, so it costs no JSON either way).
     """

@@ -22,12 +22,14 @@ from tests.e2e.support import (
     SUCCEEDED,
     TIMED_OUT,
     create_schedule,
+    cron_spec,
     dt,
     dur,
     get_run,
     json_payload,
     list_runs,
     once_spec,
+    pause_schedule,
     refusal,
     wait_until,
 )
@@ -262,6 +264,40 @@ def test_a_run_no_worker_takes_is_found_lost_and_retried(stack: Stack) -> None:
         "the stale attempts run by the restarted worker",
     )
     assert get_run(stack, run_id).status == DEAD_LETTERED
+
+
+def test_a_recurring_schedule_s_lost_run_is_found_by_its_carried_lease(stack: Stack) -> None:
+    """Every 2 s with a 10 s lease: each run's lease rides on the next fire timer (no lease
+    timer is written at enqueue). With no worker, the next slot finds the run unfinished and
+    writes its lease then; due at the enqueue + 10 s, it finds the run never started."""
+    stack.kill("worker")
+    try:
+        s = create_schedule(
+            stack,
+            name="carried",
+            handler="echo",
+            spec=cron_spec("*/2 * * * * *"),
+            policies=_retry(1),
+        )
+        first: list[schedule_pb2.Run] = []
+
+        def lost() -> bool:
+            runs = sorted(list_runs(stack, s.id), key=lambda r: dt(r.scheduled_for))
+            first[:] = runs[:1]
+            return bool(runs) and runs[0].status == DEAD_LETTERED
+
+        wait_until(stack, lost, 40, "the first run found lost by its lease and dead-lettered")
+        (run,) = first
+        enqueued, dead = dt(run.enqueue_time), datetime.now(UTC)
+        assert dead - enqueued >= timedelta(seconds=10), "not before its lease expired"
+        letter = _dlq(stack).GetDeadLetter(
+            dl_pb2.GetDeadLetterRequest(run_id=run.run_id), timeout=10
+        )
+        assert [a.status for a in letter.history] == [TIMED_OUT]
+        assert "not started" in letter.history[0].error
+    finally:
+        pause_schedule(stack, s.id)
+        stack.start("worker", "worker", "--import", "tests.e2e.handlers")
 
 
 def test_a_run_whose_worker_dies_mid_handler_is_retried_after_its_heartbeat_lease(

@@ -271,3 +271,65 @@ def test_a_deferred_timer_is_due_after_its_deferral_and_round_trips() -> None:
     t = held.to_timer(8)
     assert t.fire_time == T0 + timedelta(milliseconds=1500)
     assert FireTimer.from_timer(t) == held
+
+
+LEASE_AT = T0 + timedelta(minutes=5)
+
+
+def test_a_run_whose_next_slot_comes_before_its_lease_has_the_lease_carried() -> None:
+    """Once a minute with a 5-minute lease: the next fire timer carries the run's lease (no
+    lease timer of its own), due when the lease is, stamped with the enqueue instant."""
+    now = T0 + timedelta(milliseconds=300, microseconds=417)
+    plan = FiringPlan()
+    plan_fire(_schedule(), _timer(T0), now, plan, 8, misfire_threshold=THRESHOLD, lease_at=LEASE_AT)
+    (_s, run) = plan.enqueue[0]
+    assert plan.carried == {run.run_id}
+    nxt = FireTimer.from_timer(plan.next_timers[0])
+    assert nxt.lease is not None
+    assert (nxt.lease.run_id, nxt.lease.attempt, nxt.lease.fire_at) == (run.run_id, 1, LEASE_AT)
+    assert nxt.lease.stamp == int((T0 + timedelta(milliseconds=300)).timestamp() * 1_000_000)
+    assert FireTimer.from_timer(nxt.to_timer(8)) == nxt, "the carried lease round-trips"
+
+
+@pytest.mark.parametrize(
+    ("cron", "lease_at", "why"),
+    [
+        ("0 * * * *", LEASE_AT, "the next slot (an hour on) comes after the lease"),
+        ("* * * * *", None, "no lease time given (callers outside the dispatcher)"),
+    ],
+)
+def test_a_lease_is_not_carried_past_its_own_expiry(
+    cron: str, lease_at: datetime | None, why: str
+) -> None:
+    plan = FiringPlan()
+    plan_fire(
+        _schedule(cron), _timer(T0), T0, plan, 8, misfire_threshold=THRESHOLD, lease_at=lease_at
+    )
+    assert len(plan.enqueue) == 1, why
+    assert plan.carried == set() and FireTimer.from_timer(plan.next_timers[0]).lease is None, why
+
+
+def test_several_runs_of_one_slot_or_none_carry_no_lease() -> None:
+    """FIRE_ALL after an outage enqueues several runs: each keeps a lease timer of its own.
+    A slot skipped for overlap enqueues nothing, so there is nothing to carry."""
+    catch_up = SchedulePolicies(
+        misfire=MisfireMode.FIRE_ALL, catch_up_window=timedelta(minutes=3), max_catch_up=3
+    )
+    now = T0 + timedelta(minutes=3, seconds=40)
+    plan = FiringPlan()
+    plan_fire(
+        _schedule(policies=catch_up),
+        _timer(T0),
+        now,
+        plan,
+        8,
+        misfire_threshold=THRESHOLD,
+        lease_at=now + timedelta(minutes=5),
+    )
+    assert len(plan.enqueue) == 3 and plan.carried == set()
+    assert FireTimer.from_timer(plan.next_timers[0]).lease is None
+    busy = _schedule(active=("s1@prev", T0))
+    skipped = FiringPlan()
+    plan_fire(busy, _timer(T0), T0, skipped, 8, misfire_threshold=THRESHOLD, lease_at=LEASE_AT)
+    assert skipped.enqueue == [] and skipped.carried == set()
+    assert FireTimer.from_timer(skipped.next_timers[0]).lease is None

@@ -86,9 +86,11 @@ class RunMessage(_message.Message):
 
     @_builtins.property
     def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When this attempt's lease comes due: a dispatcher then checks that it finished or is
+        """When this attempt's lease timer comes due: a dispatcher then checks that it finished or is
         still heartbeating, and retries it otherwise. Workers echo it in their terminal event,
-        which lets the API settle the lease (no check needed).
+        which lets the API settle the lease (no check needed). Unset when the schedule's next fire
+        timer carries the lease instead (it fires first and settles it from the schedule row):
+        there is nothing for the API to settle.
         """
 
     def __init__(

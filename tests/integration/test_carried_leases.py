@@ -1,0 +1,216 @@
+"""Carried leases (scheduler.firing), against the real Cassandra and Kafka.
+
+A run fired from a slot whose schedule fires again before the run's lease expires writes no
+lease timer: the next fire timer carries the lease. When that timer fires, the lease is settled
+without a write if the run finished (the schedule row's ``done_run``), and written as an
+ordinary lease timer, due at its own time, if not: also when the slot itself is superseded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from bucketer.model import Timer
+from cronscale.v1 import run_message_pb2
+from scheduler import metrics
+from scheduler.backfill import BackfillDriver, CassandraBackfillStore
+from scheduler.config import Config
+from scheduler.firing import Firing
+from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.model import (
+    FollowUp,
+    RunEventRecord,
+    RunStatus,
+    Schedule,
+    ScheduleSpec,
+    ScheduleState,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
+from scheduler.retries import START_LEASE, DeadLetterPublisher, failures_of
+from scheduler.session import Stores, open_stores
+from scheduler.timers import FIRE, LEASE, FireTimer
+
+SECOND = timedelta(seconds=1)
+
+
+@dataclass
+class Rig:
+    stores: Stores
+    firing: Firing
+    topic: str
+    bootstrap: str
+    keyspace: str
+
+
+@pytest.fixture
+async def rig(migrated: Config) -> AsyncIterator[Rig]:
+    stores = await open_stores(migrated)
+    topic = f"{migrated.topic()}.carried-{uuid.uuid4().hex[:6]}"
+    await ensure_topics(migrated.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(migrated.kafka_bootstrap)
+    await queue.start()
+    firing = Firing(
+        schedules=stores.schedules,
+        runs=stores.runs,
+        timers=stores.timers,
+        queue=queue,
+        backfills=BackfillDriver(
+            store=CassandraBackfillStore(stores.session, keyspace=migrated.keyspace),
+            schedules=stores.schedules,
+        ),
+        topic=lambda _tier: topic,
+        failures=failures_of(stores),
+        dead_letters=DeadLetterPublisher(
+            dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
+        ),
+    )
+    try:
+        yield Rig(stores, firing, topic, migrated.kafka_bootstrap, migrated.keyspace)
+    finally:
+        await queue.stop()
+        stores.close()
+
+
+async def _every_second(rig: Rig) -> tuple[Schedule, Timer]:
+    """A schedule firing every second, and the timer of its slot one second ago."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    s = Schedule(
+        schedule_id=f"carried-{uuid.uuid4().hex[:8]}",
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.CRON, cron="* * * * * *"),
+        generation=new_generation(),
+        create_time=now,
+        update_time=now,
+    )
+    await rig.stores.schedules.create(s)
+    slot = now - SECOND
+    timer = FireTimer(
+        schedule_id=s.schedule_id, generation=s.generation, slot=slot, scheduled_for=slot
+    ).to_timer(rig.stores.timers.shard_count)
+    return s, timer
+
+
+def _timers_of(rig: Rig, schedule_id: str) -> list[Timer]:
+    rows = rig.stores.session.execute(
+        f"SELECT * FROM {rig.keyspace}.timers WHERE key = %s ALLOW FILTERING", (schedule_id,)
+    )
+    return [Timer.from_row(r, shard=r.shard) for r in rows]
+
+
+def _fire_timer_after(rig: Rig, schedule_id: str, slot: datetime) -> Timer:
+    (t,) = [
+        t
+        for t in _timers_of(rig, schedule_id)
+        if t.kind == FIRE and FireTimer.from_timer(t).slot > slot
+    ]
+    return t
+
+
+def _leases(rig: Rig, schedule_id: str) -> dict[str, datetime]:
+    return {t.timer_id: t.fire_time for t in _timers_of(rig, schedule_id) if t.kind == LEASE}
+
+
+async def _messages(rig: Rig) -> list[run_message_pb2.RunMessage]:
+    consumer = AIOKafkaConsumer(
+        rig.topic,
+        bootstrap_servers=rig.bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{rig.topic}.check",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        batch = await consumer.getmany(timeout_ms=5000)
+        return [
+            run_message_pb2.RunMessage.FromString(rec.value)
+            for records in batch.values()
+            for rec in records
+            if rec.value is not None
+        ]
+    finally:
+        await consumer.stop()
+
+
+def _carried_count(outcome: str) -> float:
+    return float(metrics.LEASES_CARRIED.labels(outcome=outcome)._value.get())
+
+
+async def test_a_finished_run_s_carried_lease_is_settled_without_a_write(rig: Rig) -> None:
+    s, first = await _every_second(rig)
+    await rig.firing.on_due([first])
+    slot = FireTimer.from_timer(first).slot
+    run_id = run_id_for(s.schedule_id, slot)
+
+    # No lease timer: the next fire timer carries it, and the message has no lease to echo.
+    assert _leases(rig, s.schedule_id) == {}
+    nxt = _fire_timer_after(rig, s.schedule_id, slot)
+    carried = FireTimer.from_timer(nxt).lease
+    assert carried is not None and carried.run_id == run_id
+    assert START_LEASE - 5 * SECOND < carried.fire_at - datetime.now(UTC) <= START_LEASE
+    (message,) = await _messages(rig)
+    assert message.run_id == run_id and not message.HasField("lease_expire_time")
+
+    # The worker's outcome lands as the API records it (done_run on the schedule row).
+    row = await rig.stores.runs.get(run_id)
+    await rig.stores.runs.record_events(
+        [
+            RunEventRecord(
+                run_id=run_id,
+                schedule_id=s.schedule_id,
+                scheduled_for=slot,
+                status=RunStatus.SUCCEEDED,
+                event_time=datetime.now(UTC),
+                attempt=1,
+                enqueue_time=row.enqueue_time,
+                start_time=datetime.now(UTC),
+                follow_up=FollowUp.NONE,
+            )
+        ],
+        now=datetime.now(UTC),
+    )
+    settled = _carried_count("settled")
+    await rig.firing.on_due([nxt])
+    assert _carried_count("settled") == settled + 1
+    assert _leases(rig, s.schedule_id) == {}, "a finished run's lease costs no write"
+    # The slot just fired carries its own run's lease on in turn.
+    following = _fire_timer_after(rig, s.schedule_id, FireTimer.from_timer(nxt).slot)
+    lease = FireTimer.from_timer(following).lease
+    assert lease is not None
+    assert lease.run_id == run_id_for(s.schedule_id, FireTimer.from_timer(nxt).slot)
+
+
+async def test_an_unfinished_run_s_carried_lease_is_written_due_at_its_own_time(
+    rig: Rig,
+) -> None:
+    """No outcome by the next slot: the lease becomes a lease timer due when it always was,
+    also when that next slot is superseded (the schedule was paused meanwhile)."""
+    s, first = await _every_second(rig)
+    await rig.firing.on_due([first])
+    slot = FireTimer.from_timer(first).slot
+    run_id = run_id_for(s.schedule_id, slot)
+    nxt = _fire_timer_after(rig, s.schedule_id, slot)
+    carried = FireTimer.from_timer(nxt).lease
+    assert carried is not None
+
+    current = await rig.stores.schedules.get(s.schedule_id)
+    assert await rig.stores.schedules.change_state(
+        current,
+        state=ScheduleState.PAUSED,
+        generation=new_generation(),
+        now=datetime.now(UTC),
+        next_fire_time=None,
+    )
+    written = _carried_count("written")
+    await rig.firing.on_due([nxt])
+    assert _carried_count("written") == written + 1
+    assert _leases(rig, s.schedule_id) == {f"{run_id}#lease1": carried.fire_at}
+    # The superseded slot enqueued nothing: the one message is the first slot's.
+    assert [m.run_id for m in await _messages(rig)] == [run_id]
