@@ -118,6 +118,8 @@ class WheelScanner:
         shards_per_query: int = 32,
         checkpoint_every: timedelta = timedelta(seconds=2),
         coalesce: timedelta = timedelta(milliseconds=25),
+        busy_coalesce: timedelta = timedelta(milliseconds=100),
+        busy_round: int = 20,
         clock: Callable[[], datetime] = _utcnow,
         on_poison: OnPoison | None = None,
         is_transient: Callable[[BaseException], bool] | None = None,
@@ -125,6 +127,11 @@ class WheelScanner:
         lanes: Lanes | None = None,
     ) -> None:
         self._coalesce = coalesce.total_seconds()
+        self._busy_coalesce = busy_coalesce.total_seconds()
+        self._busy_round = busy_round
+        # Timers the last round handed: at least ``busy_round`` means firings are due faster
+        # than ``coalesce`` apart, and the next round waits ``busy_coalesce`` to gather more.
+        self._last_round = 0
         self._store = store
         self._on_due = on_due
         self._tick = tick.total_seconds()
@@ -235,14 +242,22 @@ class WheelScanner:
             (t.fire_time for p in self.shards.values() for t in p.pending.values()), default=None
         )
         if earliest is not None:
-            # Timers due within ``coalesce`` of each other go out as one batch: one schedule
-            # read, one write round and one produce for all of them, not one per timer.
-            due_in = max((earliest - self._clock()).total_seconds(), self._coalesce)
+            # Timers due within the coalescing window of each other go out as one batch: one
+            # schedule read, one write round and one produce for all of them, not one per
+            # timer. At rest the window is short (a lone firing waits at most 25 ms); once a
+            # round carries ``busy_round`` timers it widens, so batches grow with the load
+            # instead of their number (at 1,000 firings/s: rounds of ~100, not ~25, for
+            # 12 % less CPU per firing over every process, loadtest/README.md).
+            due_in = max((earliest - self._clock()).total_seconds(), self.coalescing_window())
             wait = min(wait, due_in)
         self._wake.clear()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
+
+    def coalescing_window(self) -> float:
+        """Seconds the next round waits at least after this one (see ``_sleep``)."""
+        return self._busy_coalesce if self._last_round >= self._busy_round else self._coalesce
 
     async def read(self, now: datetime) -> bool:
         """Reads every owned shard's unfinished buckets up to now + lookahead into memory.
@@ -352,7 +367,8 @@ class WheelScanner:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-        return sum(r for r in results if isinstance(r, int))
+        self._last_round = sum(r for r in results if isinstance(r, int))
+        return self._last_round
 
     def _batches(self, due: list[Timer]) -> list[list[Timer]]:
         """``due`` in batches of at most about ``batch``, each timer key's timers in one batch

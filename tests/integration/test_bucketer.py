@@ -718,3 +718,48 @@ async def test_a_deep_backlog_is_handed_round_robin_across_lanes(
     assert "z-late" in batches[2]  # the first batch of the next round
     fired = [t for b in batches for t in b]
     assert sorted(fired) == sorted([t.timer_id for t in [*noisy, *quiet, late]])
+
+
+async def test_the_coalescing_window_widens_while_rounds_are_busy(
+    store: CassandraTimerStore,
+) -> None:
+    """A round of at least ``busy_round`` timers makes the next one wait the busy window (more
+    firings per batch under load); a small round brings the short window back."""
+    lease = await _claim(store, 9, "coalesce-test")
+    handed: list[int] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        handed.append(len(batch))
+
+    scanner = WheelScanner(
+        store,
+        on_due,
+        coalesce=timedelta(milliseconds=25),
+        busy_coalesce=timedelta(milliseconds=100),
+        busy_round=5,
+    )
+    await scanner.add_shard(lease)
+    assert scanner.coalescing_window() == 0.025, "at rest"
+
+    async def round_of(n: int, tag: str) -> None:
+        now = datetime.now(UTC)
+        await store.put(
+            [
+                Timer(fire_time=now, timer_id=f"{tag}{i}", shard=9, kind="test", key=f"{tag}{i}")
+                for i in range(n)
+            ],
+            now=now,
+        )
+        await scanner.read(datetime.now(UTC))
+        assert await scanner.fire_due() == n
+
+    await round_of(3, "small")
+    assert scanner.coalescing_window() == 0.025
+    await round_of(6, "busy")
+    assert scanner.coalescing_window() == 0.1
+    await scanner.read(datetime.now(UTC))
+    assert await scanner.fire_due() == 0
+    assert scanner.coalescing_window() == 0.1, "a round with nothing due changes nothing"
+    await round_of(2, "calm")
+    assert scanner.coalescing_window() == 0.025
+    assert handed == [3, 6, 2]
