@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from bucketer.model import Timer
-from cronscale.v1 import run_message_pb2
 from scheduler import metrics
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
@@ -37,6 +35,7 @@ from scheduler.model import (
 from scheduler.retries import START_LEASE, DeadLetterPublisher, failures_of
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FIRE, LEASE, FireTimer
+from tests.integration.run_messages import read_run_messages
 
 SECOND = timedelta(seconds=1)
 
@@ -118,27 +117,6 @@ def _leases(rig: Rig, schedule_id: str) -> dict[str, datetime]:
     return {t.timer_id: t.fire_time for t in _timers_of(rig, schedule_id) if t.kind == LEASE}
 
 
-async def _messages(rig: Rig) -> list[run_message_pb2.RunMessage]:
-    consumer = AIOKafkaConsumer(
-        rig.topic,
-        bootstrap_servers=rig.bootstrap,
-        auto_offset_reset="earliest",
-        group_id=f"{rig.topic}.check",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        batch = await consumer.getmany(timeout_ms=5000)
-        return [
-            run_message_pb2.RunMessage.FromString(rec.value)
-            for records in batch.values()
-            for rec in records
-            if rec.value is not None
-        ]
-    finally:
-        await consumer.stop()
-
-
 def _carried_count(outcome: str) -> float:
     return float(metrics.LEASES_CARRIED.labels(outcome=outcome)._value.get())
 
@@ -155,7 +133,7 @@ async def test_a_finished_run_s_carried_lease_is_settled_without_a_write(rig: Ri
     carried = FireTimer.from_timer(nxt).lease
     assert carried is not None and carried.run_id == run_id
     assert START_LEASE - 5 * SECOND < carried.fire_at - datetime.now(UTC) <= START_LEASE
-    (message,) = await _messages(rig)
+    (message,) = await read_run_messages(rig.bootstrap, rig.topic)
     assert message.run_id == run_id and not message.HasField("lease_expire_time")
 
     # The worker's outcome lands as the API records it (done_run on the schedule row).
@@ -213,4 +191,4 @@ async def test_an_unfinished_run_s_carried_lease_is_written_due_at_its_own_time(
     assert _carried_count("written") == written + 1
     assert _leases(rig, s.schedule_id) == {f"{run_id}#lease1": carried.fire_at}
     # The superseded slot enqueued nothing: the one message is the first slot's.
-    assert [m.run_id for m in await _messages(rig)] == [run_id]
+    assert [m.run_id for m in await read_run_messages(rig.bootstrap, rig.topic)] == [run_id]

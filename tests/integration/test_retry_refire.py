@@ -15,10 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError
 
-from cronscale.v1 import run_message_pb2
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
 from scheduler.firing import Firing
@@ -37,6 +35,7 @@ from scheduler.model import (
 from scheduler.retries import DeadLetterPublisher, failures_of
 from scheduler.session import Stores, open_stores
 from scheduler.timers import RunTimer
+from tests.integration.run_messages import read_run_messages
 
 
 class BrokerAwayOnce(KafkaRunQueue):
@@ -135,26 +134,5 @@ async def test_a_retry_handed_again_after_its_produce_failed_is_produced(
     finally:
         await queue.stop()
 
-    got = await _messages(migrated.kafka_bootstrap, topic)
+    got = await read_run_messages(migrated.kafka_bootstrap, topic)
     assert [(m.run_id, m.attempt) for m in got] == [(run_id, 2)]
-
-
-async def _messages(bootstrap: str, topic: str) -> list[run_message_pb2.RunMessage]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        group_id=f"{topic}.check",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        batch = await consumer.getmany(timeout_ms=5000)
-        return [
-            run_message_pb2.RunMessage.FromString(rec.value)
-            for records in batch.values()
-            for rec in records
-            if rec.value is not None
-        ]
-    finally:
-        await consumer.stop()
