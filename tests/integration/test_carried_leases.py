@@ -17,7 +17,6 @@ import pytest
 
 from bucketer.model import Timer
 from scheduler import metrics
-from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
@@ -32,10 +31,10 @@ from scheduler.model import (
     new_generation,
     run_id_for,
 )
-from scheduler.retries import START_LEASE, DeadLetterPublisher, failures_of
+from scheduler.retries import START_LEASE
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FIRE, LEASE, FireTimer
-from tests.integration.run_messages import read_run_messages
+from tests.integration.firing_support import firing_on, read_run_messages
 
 SECOND = timedelta(seconds=1)
 
@@ -56,21 +55,7 @@ async def rig(migrated: Config) -> AsyncIterator[Rig]:
     await ensure_topics(migrated.kafka_bootstrap, [topic], partitions=1)
     queue = KafkaRunQueue(migrated.kafka_bootstrap)
     await queue.start()
-    firing = Firing(
-        schedules=stores.schedules,
-        runs=stores.runs,
-        timers=stores.timers,
-        queue=queue,
-        backfills=BackfillDriver(
-            store=CassandraBackfillStore(stores.session, keyspace=migrated.keyspace),
-            schedules=stores.schedules,
-        ),
-        topic=lambda _tier: topic,
-        failures=failures_of(stores),
-        dead_letters=DeadLetterPublisher(
-            dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
-        ),
-    )
+    firing = firing_on(stores, queue, topic, migrated.keyspace)
     try:
         yield Rig(stores, firing, topic, migrated.kafka_bootstrap, migrated.keyspace)
     finally:

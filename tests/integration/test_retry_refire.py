@@ -17,9 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
-from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, Keyed, ensure_topics
 from scheduler.model import (
     FollowUp,
@@ -32,10 +30,9 @@ from scheduler.model import (
     new_generation,
     run_id_for,
 )
-from scheduler.retries import DeadLetterPublisher, failures_of
 from scheduler.session import Stores, open_stores
 from scheduler.timers import RunTimer
-from tests.integration.run_messages import read_run_messages
+from tests.integration.firing_support import firing_on, read_run_messages
 
 
 class BrokerAwayOnce(KafkaRunQueue):
@@ -64,22 +61,7 @@ async def test_a_retry_handed_again_after_its_produce_failed_is_produced(
     await ensure_topics(migrated.kafka_bootstrap, [topic], partitions=1)
     queue = BrokerAwayOnce(migrated.kafka_bootstrap)
     await queue.start()
-    failures = failures_of(stores)
-    firing = Firing(
-        schedules=stores.schedules,
-        runs=stores.runs,
-        timers=stores.timers,
-        queue=queue,
-        backfills=BackfillDriver(
-            store=CassandraBackfillStore(stores.session, keyspace=migrated.keyspace),
-            schedules=stores.schedules,
-        ),
-        topic=lambda _tier: topic,
-        failures=failures,
-        dead_letters=DeadLetterPublisher(
-            dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
-        ),
-    )
+    firing = firing_on(stores, queue, topic, migrated.keyspace)
     now = datetime.now(UTC).replace(microsecond=0)
     sid = f"refire-{uuid.uuid4().hex[:8]}"
     await stores.schedules.create(

@@ -1,0 +1,53 @@
+"""A dispatcher's firing logic on the real stores and Kafka, and reading back what it produced."""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer
+
+from cronscale.v1 import run_message_pb2
+from scheduler.backfill import BackfillDriver, CassandraBackfillStore
+from scheduler.firing import Firing
+from scheduler.kafka import KafkaRunQueue
+from scheduler.retries import DeadLetterPublisher, failures_of
+from scheduler.session import Stores
+
+
+def firing_on(stores: Stores, queue: KafkaRunQueue, topic: str, keyspace: str) -> Firing:
+    """The dispatcher's ``Firing`` as a dispatcher builds it, every tier producing to ``topic``."""
+    return Firing(
+        schedules=stores.schedules,
+        runs=stores.runs,
+        timers=stores.timers,
+        queue=queue,
+        backfills=BackfillDriver(
+            store=CassandraBackfillStore(stores.session, keyspace=keyspace),
+            schedules=stores.schedules,
+        ),
+        topic=lambda _tier: topic,
+        failures=failures_of(stores),
+        dead_letters=DeadLetterPublisher(
+            dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
+        ),
+    )
+
+
+async def read_run_messages(bootstrap: str, topic: str) -> list[run_message_pb2.RunMessage]:
+    """Every run message on ``topic`` (a fresh consumer group from the earliest offset)."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{topic}.check",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        batch = await consumer.getmany(timeout_ms=5000)
+        return [
+            run_message_pb2.RunMessage.FromString(rec.value)
+            for records in batch.values()
+            for rec in records
+            if rec.value is not None
+        ]
+    finally:
+        await consumer.stop()
