@@ -468,7 +468,7 @@ class Firing:
             [f.schedule_id for f in fires] + [r.schedule_id for r in runs]
         )
         now = self._clock()
-        lease_at = enqueue_instant(now) + self._start_lease
+        lease_at = self._lease_at(now)
         plan = FiringPlan()
         plan.limits = await self._tenants.limits({s.tenant for s in schedules.values()})
         if self._lanes is not None:
@@ -544,6 +544,11 @@ class Firing:
         )
         # Backfills last: live firings of the batch are out before any backfill run.
         await self._backfill_due(backfills)
+
+    def _lease_at(self, now: datetime) -> datetime:
+        """When the lease of an attempt enqueued by a batch started ``now`` comes due: the same
+        instant whether a lease timer or the next fire timer carries it."""
+        return enqueue_instant(now) + self._start_lease
 
     def _resolve_carried(self, lease: LeaseTimer, s: Schedule | None, plan: FiringPlan) -> None:
         """A lease carried by a fire timer now due: settled if its run finished (the schedule
@@ -673,7 +678,7 @@ class Firing:
         # Both to the millisecond, as the API reads them back from the worker's echo (and as
         # Cassandra keeps the fire time): the API settles the very row written here.
         enqueued_ms = enqueue_instant(now)
-        lease_at = enqueued_ms + self._start_lease
+        lease_at = self._lease_at(now)
         stamp = micros(enqueued_ms)
         shards = self._timers.shard_count
         items.extend(
