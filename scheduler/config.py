@@ -35,6 +35,9 @@ class Config:
     api_target: str = "127.0.0.1:50051"
     # 0 disables the metrics endpoint.
     metrics_port: int = 0
+    # Where a dispatcher answers gRPC health checks (e.g. "0.0.0.0:50061"); empty: nowhere.
+    # The api answers them on api_listen.
+    health_listen: str = ""
     # Fixed when the keyspace is created (stored in cluster_settings); this is the initial value.
     shard_count: int = 64
     instance_id: str = ""
@@ -95,6 +98,7 @@ class Config:
             api_listen=e.get("CRONSCALE_API_LISTEN", api),
             api_target=api,
             metrics_port=_int("CRONSCALE_METRICS_PORT", 0),
+            health_listen=e.get("CRONSCALE_HEALTH_LISTEN", ""),
             shard_count=_int("CRONSCALE_SHARDS", 64),
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),

@@ -74,6 +74,11 @@ class KafkaRunQueue:
     async def stop(self) -> None:
         await self._producer.stop()
 
+    async def probe(self) -> None:
+        """Returns when a broker answers a metadata request; raises (KafkaError) when none
+        does: the dispatcher's health probe of Kafka."""
+        await self._producer.client.fetch_all_metadata()
+
     async def enqueue(self, topic: str, messages: Sequence[Keyed]) -> None:
         """Produces every message; raises if any was not acknowledged by all in-sync replicas
         within the send deadline. After a deadline passed the producer is replaced before the

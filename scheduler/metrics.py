@@ -74,7 +74,8 @@ FIRINGS_DEFERRED = Counter(
 )
 READY = Gauge(
     "cronscale_ready",
-    "1 while this API replica serves (Cassandra answers, clock within tolerance), else 0.",
+    "1 while this api or dispatcher serves (Cassandra, and for a dispatcher Kafka, answer; "
+    "clock within tolerance), else 0 (its log says why).",
 )
 OWNED_SHARDS = Gauge("cronscale_owned_shards", "Shards this dispatcher owns.")
 TIMERS_PENDING = Gauge(

@@ -123,6 +123,9 @@ class WorkerConfig:
     metrics_port: int = 0
     # The address the Prometheus endpoint binds: loopback unless an operator opens it up.
     metrics_addr: str = "127.0.0.1"
+    # Where the worker answers gRPC health checks (worker.health), e.g. "0.0.0.0:50071";
+    # empty: nowhere.
+    health_listen: str = ""
     # What the ``http`` built-in may reach besides public addresses.
     http_allow: HttpAllow = field(default_factory=HttpAllow)
 
@@ -187,6 +190,7 @@ class WorkerConfig:
             instance_id=e.get("CRONSCALE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}",
             metrics_port=int(_num("CRONSCALE_METRICS_PORT", 0, int)),
             metrics_addr=e.get("CRONSCALE_METRICS_ADDR", "").strip() or "127.0.0.1",
+            health_listen=e.get("CRONSCALE_WORKER_HEALTH_LISTEN", "").strip(),
             http_allow=HttpAllow.parse(e.get("CRONSCALE_HTTP_ALLOW", ""), "CRONSCALE_HTTP_ALLOW"),
         )
 

@@ -31,6 +31,7 @@ from aiokafka.errors import KafkaError
 from worker import metrics
 from worker.config import WorkerConfig
 from worker.errors import MessageDecodeError, ReportRejected, UnsupportedMessageVersion
+from worker.health import KAFKA, WorkerHealth
 from worker.messages import RunTask, decode_run_message
 from worker.offsets import Commit, OffsetTracker, decode_finished
 from worker.runner import Runner
@@ -58,9 +59,12 @@ _START_BACKOFF_MAX = 10.0
 class KafkaRunConsumer:
     """Consumes one tier's topic in the tier's consumer group and runs each message."""
 
-    def __init__(self, config: WorkerConfig, runner: Runner) -> None:
+    def __init__(
+        self, config: WorkerConfig, runner: Runner, health: WorkerHealth | None = None
+    ) -> None:
         self._config = config
         self._runner = runner
+        self._health = health or WorkerHealth(config.tier)
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self._tasks: dict[asyncio.Task[None], TopicPartition] = {}
         # Runs from fetch until their handler is over: what `concurrency` limits.
@@ -131,7 +135,7 @@ class KafkaRunConsumer:
                 await consumer.stop()
                 await admin.close()
                 self._admin = self._consumer = None
-                metrics.KAFKA_UP.labels(self._config.tier).set(0)
+                self._health.down(KAFKA, f"cannot reach {self._config.kafka_bootstrap}: {e}")
                 logger.warning(
                     "cannot reach Kafka at %s (%s); retrying in %.1f s",
                     self._config.kafka_bootstrap,
@@ -142,7 +146,7 @@ class KafkaRunConsumer:
                     await asyncio.wait_for(stop.wait(), delay)
                 delay = min(delay * 2, _START_BACKOFF_MAX)
                 continue
-            metrics.KAFKA_UP.labels(self._config.tier).set(1)
+            self._health.up(KAFKA)
             return consumer
         return None
 
@@ -318,7 +322,7 @@ class KafkaRunConsumer:
         try:
             done, _ = await asyncio.wait({sent}, timeout=COMMIT_SLOW)
             if not done:
-                metrics.KAFKA_UP.labels(self._config.tier).set(0)
+                self._health.down(KAFKA, f"an offset commit waits for over {COMMIT_SLOW:g} s")
                 logger.warning(
                     "Kafka has not taken an offset commit for %.0f s (is it down?); still "
                     "trying, the runs in progress go on meanwhile",
@@ -330,10 +334,10 @@ class KafkaRunConsumer:
         except KafkaError as e:
             # The next commit carries these offsets again (or the new owner re-runs them).
             metrics.COMMIT_FAILURES.labels(self._config.tier).inc()
-            metrics.KAFKA_UP.labels(self._config.tier).set(0)
+            self._health.down(KAFKA, f"an offset commit failed: {e}")
             logger.warning("committing offsets %s failed: %s", _fmt(commits), e)
             return
-        metrics.KAFKA_UP.labels(self._config.tier).set(1)
+        self._health.up(KAFKA)
         self._tracker.mark_committed(commits)
         logger.debug("committed %s", _fmt(commits))
 

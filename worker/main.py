@@ -23,6 +23,7 @@ from worker.config import HttpAllow, WorkerConfig
 from worker.consumer import KafkaRunConsumer
 from worker.errors import ConfigError, HandlerImportError
 from worker.handlers import HandlerRegistry, default_registry, load_imports
+from worker.health import API, WorkerHealth
 from worker.reporter import RunReporter
 from worker.runner import Runner
 
@@ -42,12 +43,12 @@ async def run_worker(
     """
     registry = registry or default_registry
     retries = metrics.REPORT_RETRIES.labels(config.tier)
-    api_up = metrics.API_UP.labels(config.tier)
+    health = WorkerHealth(config.tier)
 
     def on_retry() -> None:
         # The reporter logs why and retries with backoff; the runner sets it back on an ack.
         retries.inc()
-        api_up.set(0)
+        health.down(API, f"{config.api_target} does not take run reports")
 
     reporter = RunReporter(
         config.api_target,
@@ -60,6 +61,7 @@ async def run_worker(
         on_retry=on_retry,
     )
     await reporter.start()
+    health_server = await health.serve(config.health_listen) if config.health_listen else None
     try:
         runner = Runner(
             registry=registry,
@@ -69,11 +71,15 @@ async def run_worker(
             default_timeout=config.default_timeout,
             heartbeat_interval=config.heartbeat_interval,
             sync_threads=config.sync_threads,
+            health=health,
         )
         builtin.configure_http(config.http_allow, runner.threads)
-        await KafkaRunConsumer(config, runner).run(stop)
+        await KafkaRunConsumer(config, runner, health).run(stop)
     finally:
         await reporter.close()
+        if health_server is not None:
+            await health.servicer.enter_graceful_shutdown()
+            await health_server.stop(grace=1)
 
 
 def main(argv: list[str]) -> int:

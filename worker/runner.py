@@ -18,6 +18,7 @@ from cronscale.v1 import run_reporting_service_pb2 as pb
 from worker import metrics
 from worker.errors import NonRetryable, RetryAfter, UnknownHandler
 from worker.handlers import HandlerContext, HandlerRegistry
+from worker.health import API, WorkerHealth
 from worker.messages import RunTask
 from worker.threads import SyncThreads
 
@@ -94,6 +95,7 @@ class Runner:
         default_timeout: float = 300.0,
         heartbeat_interval: float = 10.0,
         sync_threads: int = 16,
+        health: WorkerHealth | None = None,
     ) -> None:
         self._registry = registry
         # Plain (sync) handlers run here, not on asyncio's shared default executor.
@@ -113,7 +115,7 @@ class Runner:
         self._failed = metrics.RUNS_FAILED.labels(tier)
         self._start_lag = metrics.START_LAG.labels(tier)
         self._duration = metrics.RUN_DURATION.labels(tier)
-        self._api_up = metrics.API_UP.labels(tier)
+        self._health = health or WorkerHealth(tier)
 
     async def run(
         self, task: RunTask, on_handler_done: Callable[[], None] | None = None
@@ -365,7 +367,7 @@ class Runner:
         if task.lease_expire_time is not None:
             event.lease_expire_time.FromDatetime(task.lease_expire_time)
         ack = await self._reporter.report(event)
-        self._api_up.set(1)
+        self._health.up(API)
         return ack
 
 

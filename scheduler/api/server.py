@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronscale.v1 import (
@@ -40,7 +40,7 @@ from scheduler.audit import CassandraAuditLog
 from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.config import Config
 from scheduler.errors import InvalidArgument
-from scheduler.health import Readiness
+from scheduler.health import HealthStatus, Readiness, cassandra_probe
 from scheduler.reports import RunReports
 from scheduler.retries import failures_of
 from scheduler.service import ScheduleService
@@ -136,8 +136,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         run_reporting_service_pb2_grpc.add_RunReportingServiceServicer_to_server(
             RunReportingServicer(reports, ScheduleTenants(schedules)), server
         )
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        health_status = HealthStatus(SERVICE_NAMES)
+        health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
@@ -148,19 +148,12 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         await measure_clock(guard, stores.session)
         await server.start()
 
-        async def set_health(ok: bool) -> None:
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if ok
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in ("", *SERVICE_NAMES):
-                await health_servicer.set(name, status)
-
         # A replica whose clock is off refuses timer writes (UNAVAILABLE), and one that cannot
         # reach Cassandra can do nothing: either way its health says NOT_SERVING (and its log
         # why), so load balancers route around it until the cause ends.
-        readiness = Readiness(stores.session, guard, set_health)
+        readiness = Readiness(
+            [("Cassandra", cassandra_probe(stores.session))], guard, health_status.publish
+        )
         await readiness.probe()
         guard.on_change(lambda ok: background.add(asyncio.ensure_future(readiness.probe())))
         background: set[asyncio.Future[bool]] = set()
@@ -171,7 +164,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         watch.cancel()
         probing.cancel()
-        await health_servicer.enter_graceful_shutdown()
+        await health_status.servicer.enter_graceful_shutdown()
         await server.stop(grace=5)
     finally:
         stores.close()

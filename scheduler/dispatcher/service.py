@@ -13,6 +13,7 @@ from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.config import Config
 from scheduler.fairness import CachedDirectory, ConcurrencyGate, TenantLanes, Throttle
 from scheduler.firing import Firing
+from scheduler.health import HealthStatus, Readiness, cassandra_probe, serve_health
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.repair import RepairSweep
 from scheduler.retries import DeadLetterPublisher, failures_of
@@ -30,6 +31,20 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Health answers from the start: NOT_SERVING while Cassandra or Kafka is still awaited.
+    status = HealthStatus()
+    health_server = (
+        await serve_health(config.health_listen, status) if config.health_listen else None
+    )
+    try:
+        await _dispatch(config, stop, status)
+    finally:
+        if health_server is not None:
+            await status.servicer.enter_graceful_shutdown()
+            await health_server.stop(grace=1)
+
+
+async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -> None:
     # Started while Cassandra or Kafka is away: wait for it (scheduler.startup), do not exit.
     stores = await until_up(lambda: open_stores(config), what="opening Cassandra", stop=stop)
     if stores is None:
@@ -100,8 +115,17 @@ async def run_dispatcher(config: Config, stop: asyncio.Event | None = None) -> N
                 config.topic(),
             )
             await measure_clock(timers.clock_guard, stores.session)
-            watch = asyncio.create_task(timers.clock_guard.run(stores.session), name="clock")
-            background = [watch]
+            guard = timers.clock_guard
+            watch = asyncio.create_task(guard.run(stores.session), name="clock")
+            # Cassandra or Kafka out of reach, or this clock off the cluster's: NOT_SERVING,
+            # and the log says why. (The wheel already stops firing for each of these.)
+            readiness = Readiness(
+                [("Cassandra", cassandra_probe(stores.session)), ("Kafka", queue.probe)],
+                guard,
+                status.publish,
+            )
+            probing = asyncio.create_task(readiness.run(), name="readiness")
+            background = [watch, probing]
             if config.repair_interval_s > 0:
                 sweep = RepairSweep(
                     ScheduleService(schedules=schedules, runs=runs, timers=timers),

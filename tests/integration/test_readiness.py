@@ -8,7 +8,7 @@ from datetime import timedelta
 from bucketer.clock import ClockGuard
 from bucketer.cql import connect
 from scheduler.config import Config
-from scheduler.health import Readiness
+from scheduler.health import Readiness, cassandra_probe
 
 
 async def test_readiness_follows_cassandra_and_the_clock(migrated: Config) -> None:
@@ -19,7 +19,7 @@ async def test_readiness_follows_cassandra_and_the_clock(migrated: Config) -> No
 
     session = connect(migrated.cassandra_hosts, migrated.cassandra_port)
     guard = ClockGuard(tolerance=timedelta(milliseconds=500))
-    readiness = Readiness(session, guard, publish)
+    readiness = Readiness([("Cassandra", cassandra_probe(session))], guard, publish)
     assert await readiness.probe() is True
     guard.record(timedelta(seconds=3))  # this clock 3 s behind the cluster's
     assert await readiness.probe() is False and "behind the cluster" in readiness.reason

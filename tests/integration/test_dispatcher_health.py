@@ -1,0 +1,154 @@
+"""A dispatcher's gRPC health (CRONSCALE_HEALTH_LISTEN) against the real Cassandra and Kafka:
+NOT_SERVING while it waits for Kafka at start, SERVING once both answer, NOT_SERVING with the
+reason in its log while Cassandra is out of reach (its connection runs through a proxy the test
+cuts), and SERVING again by itself when Cassandra is back (issue 7, services down)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import grpc.aio
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from scheduler.config import Config
+from scheduler.dispatcher.service import run_dispatcher
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _health(listen: str) -> str:
+    async with grpc.aio.insecure_channel(listen) as channel:
+        resp = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+async def _until(check: Callable[[], object], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+class _Proxy:
+    """A TCP proxy on loopback to ``port`` that the test can cut (listener and every
+    connection closed) and restore on the same port. It runs on threads of its own: the
+    dispatcher under test does blocking Cassandra calls on the test's event loop."""
+
+    def __init__(self, port: int) -> None:
+        self.port = _free_port()
+        self._target = port
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen()
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            self._sockets.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            with self._lock:
+                self._sockets |= {client, upstream}
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.timeout(90)
+async def test_a_dispatcher_waiting_for_kafka_is_not_serving(migrated: Config) -> None:
+    config = dataclasses.replace(
+        migrated,
+        kafka_bootstrap=f"127.0.0.1:{_free_port()}",
+        health_listen=f"127.0.0.1:{_free_port()}",
+    )
+    stop = asyncio.Event()
+    dispatcher = asyncio.create_task(run_dispatcher(config, stop))
+    try:
+        await _until(lambda: _answers(config.health_listen), 20, "the health service")
+        await asyncio.sleep(2)
+        assert await _health(config.health_listen) == "NOT_SERVING"
+    finally:
+        stop.set()
+        await asyncio.wait_for(dispatcher, 15)
+
+
+async def _answers(listen: str) -> bool:
+    try:
+        await _health(listen)
+    except grpc.aio.AioRpcError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(120)
+async def test_a_dispatcher_is_not_serving_while_cassandra_is_out_of_reach(
+    migrated: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = _Proxy(migrated.cassandra_port)
+    proxy.open()
+    config = dataclasses.replace(
+        migrated, cassandra_port=proxy.port, health_listen=f"127.0.0.1:{_free_port()}"
+    )
+    stop = asyncio.Event()
+    dispatcher = asyncio.create_task(run_dispatcher(config, stop))
+    try:
+        await _until(lambda: _health_is(config.health_listen, "SERVING"), 60, "SERVING at first")
+        proxy.cut()
+        await _until(lambda: _health_is(config.health_listen, "NOT_SERVING"), 20, "NOT_SERVING")
+        assert "not serving: Cassandra does not answer" in caplog.text
+        proxy.open()
+        await _until(lambda: _health_is(config.health_listen, "SERVING"), 60, "SERVING again")
+        assert "serving again" in caplog.text
+    finally:
+        stop.set()
+        await asyncio.wait_for(dispatcher, 30)
+        proxy.cut()
+
+
+async def _health_is(listen: str, status: str) -> bool:
+    return await _health(listen) == status
