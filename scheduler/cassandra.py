@@ -35,6 +35,17 @@ RUN_RETENTION_DAYS = 30
 MAX_ERROR_CHARS = 4096
 # Statuses that do not show a worker took the run (its message may never have reached Kafka).
 _NOT_TAKEN = (RunStatus.ENQUEUED.value, RunStatus.SKIPPED.value)
+# An attempt with one of these has its outcome.
+_FINISHED = frozenset(
+    s.value
+    for s in (
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.TIMED_OUT,
+        RunStatus.DEAD_LETTERED,
+    )
+)
 
 
 # A run row's status cells are written at a timestamp derived from the run itself, never from
@@ -517,6 +528,17 @@ class CassandraRunStore:
                 row.status not in (None, *_NOT_TAKEN) and (row.attempt or 1) >= attempts[row.run_id]
             ),
         )
+
+    async def finished(self, attempts: Mapping[str, int]) -> set[str]:
+        """Which of the runs have an outcome recorded for the given attempt, or a later attempt:
+        asked by a worker before it runs a message that may have run already (a redelivery
+        after its partition's previous consumer died uncommitted), never for every run."""
+
+        def done(row: Any) -> bool:
+            attempt, asked = row.attempt or 1, attempts[row.run_id]
+            return attempt > asked or (attempt == asked and row.status in _FINISHED)
+
+        return await self._runs_where("get_run_status", list(attempts), done)
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""

@@ -614,3 +614,5 @@ class RunEventRecord:
     retry_after: timedelta | None = None
     # Echoed from the run message: when the attempt's lease timer is due (None: no lease).
     lease_expire_time: datetime | None = None
+    # A STARTED whose worker asks first whether the attempt has run already (RunEvent.check_done).
+    check_done: bool = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bucketer.cql import Write
@@ -39,6 +40,15 @@ def dependent_run_id(downstream_id: str, upstream_run_id: str, scheduled_for: da
     return run_id_for(downstream_id, scheduled_for, suffix=f"d{digest}")
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What :meth:`RunReports.record` answers besides writing: runs whose heartbeat should
+    cancel them, and runs whose STARTED asked ``check_done`` and had run already."""
+
+    cancel: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)
+
+
 class RunReports:
     """Records run events and applies their consequences."""
 
@@ -57,11 +67,17 @@ class RunReports:
         self._failures = failures
         self._clock = clock
 
-    async def record(self, events: Sequence[RunEventRecord]) -> set[str]:
-        """Records ``events``; returns the run ids among heartbeats that should cancel.
+    async def record(self, events: Sequence[RunEventRecord]) -> Recorded:
+        """Records ``events``; returns the run ids among heartbeats that should cancel, and
+        those among the STARTED events with ``check_done`` whose attempt has run already
+        (nothing is recorded for these).
 
         An outcome settles its attempt's lease timer in the same grouped write, so a run that
         finishes in time costs its dispatcher no read when the lease comes due."""
+        checks = {e.run_id: e.attempt for e in events if e.check_done}
+        done = await self._runs.finished(checks) if checks else set()
+        if done:
+            events = [e for e in events if not (e.check_done and e.run_id in done)]
         now = self._clock()
         await self._runs.record_events(events, now=now, also=self._settle(events, now))
         # A run whose message said nothing follows its end (no dependents, no held-back run)
@@ -76,7 +92,8 @@ class RunReports:
             if finished:
                 await self._after_finish(finished, schedules)
         beats = [e.run_id for e in events if e.status is None]
-        return await self._runs.cancel_requested(beats) if beats else set()
+        cancel = await self._runs.cancel_requested(beats) if beats else set()
+        return Recorded(cancel=cancel, done=done)
 
     def _settle(self, events: Sequence[RunEventRecord], now: datetime) -> list[Write]:
         leases = [

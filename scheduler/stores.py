@@ -131,6 +131,11 @@ class RunStore(Protocol):
         """Which runs an operator or CANCEL_PREVIOUS asked to cancel."""
         ...
 
+    async def finished(self, attempts: Mapping[str, int]) -> set[str]:
+        """Which runs have an outcome recorded for the given attempt, or a later attempt (for
+        the few messages a worker may be running again, never for every run)."""
+        ...
+
     async def clear_buffered(self, schedule_id: str, buffered_json: str) -> bool:
         """Takes the held-back run off the schedule, once."""
         ...

@@ -91,6 +91,11 @@ class KafkaRunConsumer:
         self._recent_runs: collections.OrderedDict[tuple[str, int], None] = (
             collections.OrderedDict()
         )
+        # Per partition taken over from a previous owner: the end offset at the takeover.
+        # Messages between the committed offset and it that the commit does not name as
+        # finished may have run already (the owner died before committing them): their run
+        # asks the API first (Runner.run's check_done).
+        self._redelivered_below: dict[TopicPartition, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set, then drains (see :meth:`_shutdown`) and leaves."""
@@ -237,7 +242,10 @@ class KafkaRunConsumer:
         self._recent_runs[run] = None
         if len(self._recent_runs) > RECENT_RUNS:
             self._recent_runs.popitem(last=False)
-        self._spawn(tp, message.offset, lambda release: self._runner.run(task, release))
+        check = message.offset < self._redelivered_below.get(tp, -1)
+        self._spawn(
+            tp, message.offset, lambda release: self._runner.run(task, release, check_done=check)
+        )
 
     async def _refuse(self, task: RunTask, reason: str, release: Callable[[], None]) -> None:
         release()
@@ -343,6 +351,8 @@ class KafkaRunConsumer:
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         self._holding -= revoked
+        for tp in revoked:
+            self._redelivered_below.pop(tp, None)
         if not revoked:
             return
         grace = self._config.revoke_grace
@@ -384,11 +394,13 @@ class KafkaRunConsumer:
         try:
             committed = await self._read_committed(assigned)
             fresh: list[TopicPartition] = []
+            resumed: list[TopicPartition] = []
             for tp in sorted(assigned):
                 meta = committed.get(tp)
                 if meta is None or meta.offset < 0:
                     fresh.append(tp)
                     continue
+                resumed.append(tp)
                 finished = decode_finished(meta.offset, meta.metadata)
                 self._tracker.restore(tp, meta.offset, finished)
                 if finished:
@@ -400,6 +412,8 @@ class KafkaRunConsumer:
                         meta.offset,
                         len(finished),
                     )
+            if resumed:
+                await self._mark_redelivered(consumer, resumed, committed)
             if fresh:
                 await self._start_fresh(consumer, fresh)
         except (KafkaError, TimeoutError) as e:
@@ -418,6 +432,24 @@ class KafkaRunConsumer:
                 if ready:
                     consumer.resume(*ready)
         logger.info("assigned partitions %s", _fmt_tps(assigned))
+
+    async def _mark_redelivered(
+        self, consumer: Any, tps: list[TopicPartition], committed: dict[TopicPartition, Any]
+    ) -> None:
+        """Notes, for partitions resumed from a commit, up to where their messages may have
+        run already: everything the previous owner could have fetched, i.e. up to the end."""
+        ends = await asyncio.wait_for(consumer.end_offsets(tps), _LOOKUP_TIMEOUT)
+        for tp in tps:
+            if ends[tp] > committed[tp].offset:
+                self._redelivered_below[tp] = ends[tp]
+                logger.info(
+                    "%s[%d]: offsets %d-%d may have run under the previous owner; their runs "
+                    "ask the API first",
+                    tp.topic,
+                    tp.partition,
+                    committed[tp].offset,
+                    ends[tp] - 1,
+                )
 
     async def _read_committed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Any]:
         """Each partition's committed offset and metadata (``OffsetAndMetadata``)."""

@@ -24,7 +24,10 @@ RUNS_FAILED = Counter(
 )
 MESSAGES_SKIPPED = Counter(
     "cronscale_worker_messages_skipped_total",
-    "Kafka records that were not run messages this worker can run.",
+    "Kafka records not run: not run messages this worker can run (undecodable, "
+    "unsupported_version), or runs done already (finished_before: named by the previous "
+    "owner's commit; duplicate_run: a second message of an attempt run here; ran_before: the "
+    "API said so when asked about a message delivered again).",
     ["tier", "reason"],
 )
 START_LAG = Histogram(

@@ -60,6 +60,8 @@ class Outcome:
     # An operator (or a CANCEL_PREVIOUS slot) asked to cancel it, and it did not succeed:
     # reported CANCELLED rather than FAILED.
     cancelled: bool = False
+    # Not run: asked before running it, the API said this attempt has run already.
+    ran_before: bool = False
 
 
 class _RunState:
@@ -116,15 +118,25 @@ class Runner:
         self._start_lag = metrics.START_LAG.labels(tier)
         self._duration = metrics.RUN_DURATION.labels(tier)
         self._health = health or WorkerHealth(tier)
+        self._ran_before = metrics.MESSAGES_SKIPPED.labels(tier, "ran_before")
 
     async def run(
-        self, task: RunTask, on_handler_done: Callable[[], None] | None = None
+        self,
+        task: RunTask,
+        on_handler_done: Callable[[], None] | None = None,
+        *,
+        check_done: bool = False,
     ) -> Outcome:
         """Runs ``task`` to an acknowledged outcome and returns it.
 
         ``on_handler_done`` is called once the handler is over, before the outcome is reported:
         the consumer frees the run's concurrency slot then, so waiting for the API's ack does not
         hold a slot.
+
+        ``check_done``: the message may have been run already (delivered again after its
+        partition's previous consumer died before committing it). Its STARTED then asks the API
+        first and the handler waits for the answer; an attempt the API says has run already is
+        not run again (``Outcome.ran_before``) and nothing more is reported for it.
 
         Never raises for what the handler does (exceptions, timeouts, an unknown name all become
         FAILED; a requested cancel that stopped the handler becomes CANCELLED); raises only if
@@ -144,7 +156,32 @@ class Runner:
         # STARTED still queued when it ends travels in the same event as its outcome (the
         # reporter merges them). An operator's cancel comes back on the STARTED ack (or a later
         # heartbeat's) and stops the handler; one seen before the handler began skips it.
-        self._send_in_background(task, pb.RUN_EVENT_KIND_STARTED, state, started_at)
+        if check_done:
+            ack = await self._report(task, pb.RUN_EVENT_KIND_STARTED, at=started_at, check=True)
+            if ack.done:
+                if on_handler_done is not None:
+                    on_handler_done()
+                self._ran_before.inc()
+                logger.info(
+                    "run %s attempt %d has run already (its message came again after the "
+                    "partition's previous consumer stopped): not run again",
+                    task.run_id,
+                    task.attempt,
+                    extra=ids,
+                )
+                return Outcome(
+                    run_id=task.run_id,
+                    handler=task.handler,
+                    succeeded=True,
+                    error="",
+                    duration=0.0,
+                    start_lag=lag,
+                    ran_before=True,
+                )
+            if ack.cancel_requested:
+                state.cancel_requested = True
+        else:
+            self._send_in_background(task, pb.RUN_EVENT_KIND_STARTED, state, started_at)
         self._started.inc()
         self._start_lag.observe(max(lag, 0.0))
         try:
@@ -345,6 +382,7 @@ class Runner:
         error: str = "",
         at: datetime | None = None,
         raised: BaseException | None = None,
+        check: bool = False,
     ) -> pb.RunEventAck:
         event = pb.RunEvent(
             kind=kind,
@@ -354,6 +392,7 @@ class Runner:
             worker_id=self._worker_id,
             error=error,
             follow_up=task.follow_up,
+            check_done=check,
         )
         if kind == pb.RUN_EVENT_KIND_FAILED:
             # The handler steers its retries: none left, or its own wait.

@@ -398,6 +398,8 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
             f"{where}.non_retryable" if e.non_retryable else f"{where}.retry_after",
             "is only for a FAILED event",
         )
+    if e.check_done and status is not RunStatus.RUNNING:
+        raise InvalidArgument(f"{where}.check_done", "is only for a STARTED event")
     retry_after = e.retry_after.ToTimedelta() if e.HasField("retry_after") else None
     if retry_after is not None and retry_after < timedelta(0):
         raise InvalidArgument(f"{where}.retry_after", "must not be negative")
@@ -418,6 +420,7 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
         lease_expire_time=(
             from_ts(e.lease_expire_time) if e.HasField("lease_expire_time") else None
         ),
+        check_done=e.check_done,
     )
 
 

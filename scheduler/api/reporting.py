@@ -27,11 +27,16 @@ class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
         now = datetime.now(UTC)
         records = [event_from_proto(e, i, now=now) for i, e in enumerate(events)]
         await check_reports(self._tenants, [r.run_id for r in records])
-        cancel = await self._reports.record(records)
+        recorded = await self._reports.record(records)
         for r in records:
             metrics.RUN_REPORTS.labels(status=r.status.value if r.status else "HEARTBEAT").inc()
         return [
-            rr_pb2.RunEventAck(run_id=e.run_id, cancel_requested=e.run_id in cancel) for e in events
+            rr_pb2.RunEventAck(
+                run_id=e.run_id,
+                cancel_requested=e.run_id in recorded.cancel,
+                done=e.check_done and e.run_id in recorded.done,
+            )
+            for e in events
         ]
 
     @grpc_errors

@@ -9,8 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.cluster import Session
 
+from bucketer.cassandra import CassandraTimerStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
+from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.model import (
     STALE_RUN,
     Run,
@@ -22,6 +24,8 @@ from scheduler.model import (
     new_generation,
     run_id_for,
 )
+from scheduler.reports import RunReports
+from scheduler.retries import Failures
 
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 
@@ -214,3 +218,67 @@ async def test_a_retry_is_not_taken_for_delivered_because_its_earlier_attempt_wa
     assert await runs.delivered({first.run_id: 2}) == set()  # enqueued, not taken
     await runs.record_events([_event(retry, RunStatus.RUNNING, T0 + timedelta(seconds=5))], now=T0)
     assert await runs.delivered({first.run_id: 2}) == {first.run_id}
+
+
+async def test_finished_answers_per_attempt_asked(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """A worker asks before running a message that may have run already (check_done): an
+    attempt counts as run when its outcome is recorded or a later attempt exists; an enqueued
+    or running one does not."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "finished-asked")
+    pending, running, succeeded, retried = (
+        _enqueued(s, T0 + timedelta(seconds=i)) for i in range(4)
+    )
+    for run in (pending, running, succeeded, retried):
+        await _fire(schedules, runs, run, run.scheduled_for)
+    await runs.record_events([_event(running, RunStatus.RUNNING, T0)], now=T0)
+    await runs.record_events([_event(succeeded, RunStatus.SUCCEEDED, T0)], now=T0)
+    await runs.record_events([_event(retried, RunStatus.FAILED, T0, error="boom")], now=T0)
+    second = _enqueued(s, retried.scheduled_for, attempt=2)
+    await _fire(schedules, runs, second, T0 + timedelta(seconds=30))
+    asked = {r.run_id: 1 for r in (pending, running, succeeded, retried)}
+    assert await runs.finished(asked) == {succeeded.run_id, retried.run_id}
+    assert await runs.finished({retried.run_id: 2}) == set()
+    assert await runs.finished({"finished-asked@20200101T000000.000Z": 1}) == set()
+
+
+async def test_a_started_asking_check_done_is_answered_and_not_recorded_when_done(
+    session: Session, migrated: Config, stores: tuple[CassandraScheduleStore, CassandraRunStore]
+) -> None:
+    schedules, runs = stores
+    timers = CassandraTimerStore(
+        session, keyspace=migrated.keyspace, shard_count=migrated.shard_count
+    )
+    failures = Failures(
+        schedules=schedules,
+        runs=runs,
+        timers=timers,
+        dead_letters=CassandraDeadLetterStore(session, keyspace=migrated.keyspace),
+    )
+    reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
+    s = await _schedule(schedules, "check-done")
+    done, fresh = _enqueued(s, T0), _enqueued(s, T0 + timedelta(seconds=1))
+    for run in (done, fresh):
+        await _fire(schedules, runs, run, run.scheduled_for)
+    finished_at = T0 + timedelta(seconds=2)
+    await reports.record(
+        [_event(done, RunStatus.SUCCEEDED, finished_at, start_time=finished_at, worker_id="w1")]
+    )
+    again = T0 + timedelta(seconds=9)
+    recorded = await reports.record(
+        [
+            _event(done, RunStatus.RUNNING, again, worker_id="w2", check_done=True),
+            _event(fresh, RunStatus.RUNNING, again, worker_id="w2", check_done=True),
+        ]
+    )
+    assert recorded.done == {done.run_id}
+    kept = await runs.get(done.run_id)
+    assert (kept.status, kept.worker_id, kept.start_time) == (
+        RunStatus.SUCCEEDED,
+        "w1",
+        finished_at,
+    )
+    started = await runs.get(fresh.run_id)
+    assert (started.status, started.worker_id) == (RunStatus.RUNNING, "w2")

@@ -48,18 +48,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Recorder(pb_grpc.RunReportingServiceServicer):
-    """Records every ReportRuns event; acks each one."""
+    """Records every ReportRuns event; acks each one (``done`` on a STARTED asking
+    ``check_done`` of a run it has an outcome for), or, while ``hold_acks``, never answers."""
 
     def __init__(self) -> None:
         self.events: list[pb.RunEvent] = []
+        self.hold_acks = False
 
     async def ReportRuns(
         self,
         request: pb.ReportRunsRequest,
         context: grpc.aio.ServicerContext[pb.ReportRunsRequest, pb.ReportRunsResponse],
     ) -> pb.ReportRunsResponse:
+        finished = self.finished()
         self.events.extend(request.events)
-        return pb.ReportRunsResponse(acks=[pb.RunEventAck(run_id=e.run_id) for e in request.events])
+        if self.hold_acks:
+            await asyncio.Event().wait()  # recorded, never acknowledged
+        return pb.ReportRunsResponse(
+            acks=[
+                pb.RunEventAck(run_id=e.run_id, done=e.check_done and e.run_id in finished)
+                for e in request.events
+            ]
+        )
 
     async def StartRun(self, request: pb.RunEvent, context: object) -> pb.RunEventAck:
         raise NotImplementedError
@@ -424,6 +434,61 @@ async def test_a_killed_workers_successor_runs_only_what_was_left_unfinished(
         await asyncio.wait_for(successor, 30)
         await server.stop(None)
     assert ran == [blocker], "only the unfinished run may run again"
+
+
+@pytest.mark.timeout(180)
+async def test_runs_recorded_but_not_committed_when_a_worker_died_are_not_run_again(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """The API recorded five outcomes but its acks never reached the worker, so Kafka has no
+    commit past them; the worker is SIGKILLed. Its successor asks before running each message
+    its predecessor may have run (check_done), runs none of the five, runs the message that
+    arrived while no worker was up, and runs a message produced after the takeover without
+    asking."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    tp = TopicPartition(config.topic, 0)
+    await _produce(config.topic, [("warm-0", _message("warm-0", "echo"))], partition=0)
+    victim = _start_worker_process(config, "it-victim", tmp_path / "victim.log")
+    held = [f"held-{i}" for i in range(5)]
+    try:
+        await _until(lambda: "warm-0" in recorder.finished(), 60, "the first outcome")
+
+        async def committed_past_warm() -> bool:
+            return (await _committed(config.group_id, config.topic)).get(tp) == 1
+
+        await _until(committed_past_warm, 15, "the commit past the first message")
+        recorder.hold_acks = True
+        await _produce(config.topic, [(r, _message(r, "echo")) for r in held], partition=0)
+        await _until(lambda: recorder.finished() >= set(held), 30, "five outcomes recorded")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+    recorder.hold_acks = False
+    await _produce(config.topic, [("while-down", _message("while-down", "echo"))], partition=0)
+    ran: list[str] = []
+    stop = asyncio.Event()
+    successor = asyncio.create_task(
+        run_worker(
+            dataclasses.replace(config, instance_id="it-successor"), stop, _counting_registry(ran)
+        )
+    )
+    try:
+        await _until(lambda: "while-down" in ran, 60, "the message no worker had seen")
+        await _produce(config.topic, [("late", _message("late", "echo"))], partition=0)
+        await _until(lambda: "late" in ran, 30, "the message produced after the takeover")
+        await _until(lambda: _committed_equals_end(config), 15, "offsets committed to the end")
+    finally:
+        stop.set()
+        await asyncio.wait_for(successor, 30)
+        await server.stop(None)
+    assert ran == ["while-down", "late"]
+    asked = {
+        e.run_id: e.check_done
+        for e in recorder.events
+        if e.worker_id == "it-successor" and e.kind == pb.RUN_EVENT_KIND_STARTED
+    }
+    assert asked == {**dict.fromkeys(held, True), "while-down": True, "late": False}
 
 
 @pytest.mark.timeout(180)

@@ -74,6 +74,7 @@ class RunEvent(_message.Message):
     NON_RETRYABLE_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    CHECK_DONE_FIELD_NUMBER: _builtins.int
     kind: Global___RunEventKind.ValueType
     run_id: _builtins.str
     schedule_id: _builtins.str
@@ -85,6 +86,13 @@ class RunEvent(_message.Message):
     """Echoed from the run message (RunMessage.follow_up)."""
     non_retryable: _builtins.bool
     """On a FAILED event: the handler said retrying cannot help; the run is dead-lettered now."""
+    check_done: _builtins.bool
+    """On a STARTED event: this attempt may have run already. Its message came to this worker
+    again after the partition's previous consumer stopped before committing it (a SIGKILL, a
+    lost session), so its outcome may be recorded though Kafka does not know it. The API looks
+    the attempt up and answers `done` on the ack; the worker waits for that ack before it runs
+    the handler. Costs the API one read, so a worker sets it only on such messages.
+    """
     @_builtins.property
     def scheduled_for(self) -> _timestamp_pb2.Timestamp:
         """Echoed from the run message."""
@@ -132,10 +140,11 @@ class RunEvent(_message.Message):
         non_retryable: _builtins.bool = ...,
         retry_after: _duration_pb2.Duration | None = ...,
         lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        check_done: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "event_time", b"event_time", "lease_expire_time", b"lease_expire_time", "retry_after", b"retry_after", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "lease_expire_time", b"lease_expire_time", "non_retryable", b"non_retryable", "retry_after", b"retry_after", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "check_done", b"check_done", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "lease_expire_time", b"lease_expire_time", "non_retryable", b"non_retryable", "retry_after", b"retry_after", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -189,18 +198,24 @@ class RunEventAck(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     cancel_requested: _builtins.bool
     """Set when an operator asked to cancel this run; the worker cancels the handler."""
+    done: _builtins.bool
+    """Answers a STARTED with `check_done`: this attempt already has an outcome, or a later
+    attempt of the run exists. Nothing was recorded for the event; the worker does not run it.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         cancel_requested: _builtins.bool = ...,
+        done: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "done", b"done", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
