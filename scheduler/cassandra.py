@@ -139,9 +139,22 @@ class CassandraScheduleStore:
                     out[row.schedule_id] = Schedule.from_row(row)
         return out
 
-    async def list(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:
-        """One page in token order, and the token of the next page ('' when done)."""
-        stmt = SimpleStatement(f"SELECT * FROM {self.q.keyspace}.schedules", fetch_size=page_size)
+    async def list(
+        self, page_size: int, page_token: str, *, tenant: str | None = None
+    ) -> tuple[list[Schedule], str]:
+        """One page in token order, and the token of the next page ('' when done). With
+        ``tenant``, that tenant's schedules only, found by the ``schedules_by_tenant`` index."""
+        if tenant is None:
+            stmt = SimpleStatement(
+                f"SELECT * FROM {self.q.keyspace}.schedules", fetch_size=page_size
+            )
+            values: tuple[Any, ...] = ()
+        else:
+            stmt = SimpleStatement(
+                f"SELECT * FROM {self.q.keyspace}.schedules WHERE tenant = %s",
+                fetch_size=page_size,
+            )
+            values = (tenant,)
         paging_state = None
         if page_token:
             try:
@@ -149,7 +162,7 @@ class CassandraScheduleStore:
             except (ValueError, TypeError):
                 raise InvalidArgument("page_token", "is not a token this API returned") from None
         try:
-            rs = await _execute_page(self._session, stmt, paging_state)
+            rs = await _execute_page(self._session, stmt, paging_state, values)
         except Exception as e:
             if paging_state is not None and "paging state" in str(e).lower():
                 raise InvalidArgument("page_token", "is not a token this API returned") from None
@@ -634,8 +647,11 @@ def _decode_run_token(token: str) -> tuple[int, tuple[datetime, str]]:
 
 
 async def _execute_page(
-    session: Session, stmt: SimpleStatement, paging_state: bytes | None
+    session: Session,
+    stmt: SimpleStatement,
+    paging_state: bytes | None,
+    values: tuple[Any, ...] = (),
 ) -> tuple[list[Any], bytes | None]:
     """One page of a paged query and the paging state of the next one (not a hot path)."""
-    rs = await asyncio.to_thread(session.execute, stmt, paging_state=paging_state)
+    rs = await asyncio.to_thread(session.execute, stmt, values or None, paging_state=paging_state)
     return list(rs.current_rows), rs.paging_state

@@ -251,8 +251,11 @@ class ScheduleService:
         nxt = self.first_fire(s, now - jitter_of(s))
         return replace(s, next_fire_time=nxt.scheduled_for if nxt else None)
 
-    async def list_page(self, page_size: int, page_token: str) -> tuple[list[Schedule], str]:
-        items, token = await self._schedules.list(page_size, page_token)
+    async def list_page(
+        self, page_size: int, page_token: str, *, tenant: str | None = None
+    ) -> tuple[list[Schedule], str]:
+        """One page of every schedule, or of ``tenant``'s only (by its index, not a scan)."""
+        items, token = await self._schedules.list(page_size, page_token, tenant=tenant)
         return [self._with_next(s) for s in items], token
 
     async def pause(self, schedule_id: str, *, note: str, paused_by: str) -> Schedule:

@@ -24,6 +24,7 @@ from scheduler.api.scope import (
     check_schedule,
     schedule_missing,
     tenant_for_create,
+    tenant_to_list,
     visible_run,
     visible_schedules,
 )
@@ -151,9 +152,11 @@ class SchedulerServicer(
     async def ListSchedules(
         self, request: scheduler_service_pb2.ListSchedulesRequest, context: Context
     ) -> scheduler_service_pb2.ListSchedulesResponse:
-        # A tenant role's page holds its own schedules among the page scanned: it may be short
-        # (even empty) while next_page_token says there is more.
-        items, token = await self._svc.list_page(_page_size(request.page_size), request.page_token)
+        items, token = await self._svc.list_page(
+            _page_size(request.page_size),
+            request.page_token,
+            tenant=tenant_to_list(request.tenant),
+        )
         return scheduler_service_pb2.ListSchedulesResponse(
             schedules=[schedule_to_proto(s) for s in visible_schedules(items)],
             next_page_token=token,

@@ -15,7 +15,7 @@ from scheduler.cassandra import CassandraScheduleStore
 from scheduler.errors import NotFound, PermissionDenied
 from scheduler.model import DEFAULT_TENANT, Run, Schedule, parse_run_id
 from scheduler.service import ScheduleService
-from scheduler.tenancy import Role
+from scheduler.tenancy import Role, validate_tenant_id
 
 
 def schedule_missing(schedule_id: str) -> NotFound:
@@ -57,6 +57,23 @@ def visible_run(run: Run) -> Run:
 def visible_schedules(items: list[Schedule]) -> list[Schedule]:
     who = principal()
     return items if who.is_admin else [s for s in items if who.sees(s.tenant)]
+
+
+def tenant_to_list(requested: str, field: str = "tenant") -> str | None:
+    """Whose schedules a listing reads: a tenant role's own (naming another one is
+    PERMISSION_DENIED, whether or not it exists); an admin's choice, every tenant's when it
+    names none (None)."""
+    who = principal()
+    if requested:
+        validate_tenant_id(requested, field)
+    if who.is_admin:
+        return requested or None
+    if requested and requested != who.tenant_id:
+        raise PermissionDenied(
+            f"{field}: a {who.role.value} key lists the schedules of its own tenant "
+            f"{who.tenant_id!r} only"
+        )
+    return who.tenant_id
 
 
 def tenant_for_create(requested: str, field: str = "schedule.tenant") -> str:

@@ -295,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     list_ = _rpc_command(sched, "list", "list schedules", [api], schedules.list_schedules)
     _add_page_options(list_, "schedules")
+    list_.add_argument(
+        "--tenant",
+        default="",
+        metavar="ID",
+        help="only this tenant's schedules (an admin key; a tenant key lists its own anyway)",
+    )
 
     pause = _rpc_command(
         sched, "pause", "stop firing until resumed (idempotent)", [api], schedules.pause, "id"

@@ -144,7 +144,9 @@ async def list_schedules(args: argparse.Namespace) -> int:
     token: str = args.page_token
     async with scheduler_stub(args.api) as stub:
         while True:
-            request = api.ListSchedulesRequest(page_size=args.page_size, page_token=token)
+            request = api.ListSchedulesRequest(
+                page_size=args.page_size, page_token=token, tenant=args.tenant
+            )
             page = await stub.ListSchedules(request, timeout=args.timeout)
             schedules.extend(page.schedules)
             token = page.next_page_token

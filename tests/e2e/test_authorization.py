@@ -492,6 +492,46 @@ def test_a_tenant_role_lists_only_its_tenant(world: World) -> None:
     assert seen == {world.tenants["own"]}
 
 
+def test_a_tenant_s_listing_reads_its_index_in_full_pages(world: World) -> None:
+    """By the schedules_by_tenant index: every page but the last is full, for a tenant role
+    and for an admin naming the tenant; naming another tenant is refused alike whether it
+    exists or not; a malformed name is INVALID_ARGUMENT."""
+    admin = scheduler_service_pb2_grpc.SchedulerServiceStub(world.channels["admin"])
+    reader = scheduler_service_pb2_grpc.SchedulerServiceStub(world.channels["tenant-reader"])
+    own = world.tenants["own"]
+    created = {
+        admin.CreateSchedule(
+            S.CreateScheduleRequest(schedule=_cron(own, f"listed-{i}")), timeout=15
+        ).id
+        for i in range(5)
+    }
+    for stub, named in ((reader, ""), (reader, own), (admin, own)):
+        ids: list[str] = []
+        token = ""
+        while True:
+            page = stub.ListSchedules(
+                S.ListSchedulesRequest(page_size=2, page_token=token, tenant=named), timeout=15
+            )
+            token = page.next_page_token
+            assert len(page.schedules) == 2 or not token
+            assert {s.tenant for s in page.schedules} <= {own}
+            ids += [s.id for s in page.schedules]
+            if not token:
+                break
+        assert created <= set(ids) and len(ids) == len(set(ids))
+    for named in (world.tenants["foreign"], "no-such-tenant"):
+        with pytest.raises(grpc.RpcError) as denied:
+            reader.ListSchedules(S.ListSchedulesRequest(tenant=named), timeout=15)
+        assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "tenant: a tenant-reader key lists the schedules of its own tenant" in str(
+            denied.value.details()
+        )
+    with pytest.raises(grpc.RpcError) as bad:
+        admin.ListSchedules(S.ListSchedulesRequest(tenant="no spaces"), timeout=15)
+    assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "tenant:" in str(bad.value.details())
+
+
 def test_a_foreign_batch_item_is_refused_alone(world: World) -> None:
     api = scheduler_service_pb2_grpc.SchedulerServiceStub(world.channels["tenant-admin"])
     resp = api.BatchCreateSchedules(

@@ -26,7 +26,13 @@ def _describe(session: Session, keyspace: str) -> dict[str, Any]:
             "SELECT * FROM system_schema.columns WHERE keyspace_name = %s", (keyspace,)
         )
     )
-    return {"tables": tables, "columns": columns}
+    indexes = sorted(
+        (r.table_name, r.index_name, r.kind, sorted(r.options.items()))
+        for r in session.execute(
+            "SELECT * FROM system_schema.indexes WHERE keyspace_name = %s", (keyspace,)
+        )
+    )
+    return {"tables": tables, "columns": columns, "indexes": indexes}
 
 
 def test_fresh_schema_equals_all_migrations(session: Session, migrated: Config) -> None:

@@ -26,7 +26,7 @@ from cronscale.v1 import schedule_pb2 as cronscale_dot_v1_dot_schedule__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cronscale/v1/scheduler_service.proto\x12\x0c\x63ronscale.v1\x1a\x1b\x63ronscale/v1/schedule.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x15\x43reateScheduleRequest\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.Schedule\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"Q\n\x1b\x42\x61tchCreateSchedulesRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.cronscale.v1.CreateScheduleRequest\"P\n\x1c\x42\x61tchCreateSchedulesResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.cronscale.v1.BatchCreateResult\"y\n\x11\x42\x61tchCreateResult\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.Schedule\x12\x17\n\x0f\x61lready_existed\x18\x02 \x01(\x08\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\" \n\x12GetScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"[\n\x15ListSchedulesResponse\x12)\n\tschedules\x18\x01 \x03(\x0b\x32\x16.cronscale.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x14PauseScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04note\x18\x02 \x01(\t\x12\x11\n\tpaused_by\x18\x03 \x01(\t\"Z\n\x15ResumeScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x35\n\x10misfire_override\x18\x02 \x01(\x0e\x32\x1b.cronscale.v1.MisfirePolicy\"#\n\x15\x44\x65leteScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse\"M\n\x0fListRunsRequest\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.cronscale.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"A\n\x15UpdateScheduleRequest\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.Schedule\";\n\x15\x43\x61ncelScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61ncel_running\x18\x02 \x01(\x08\"G\n\x16TriggerScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"5\n\x0fRerunRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\x98\x01\n\x17\x42\x61\x63kfillScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\x05\")\n\x12GetBackfillRequest\x12\x13\n\x0b\x62\x61\x63kfill_id\x18\x01 \x01(\t\"\x96\x01\n\x16PreviewScheduleRequest\x12\x0c\n\x02id\x18\x01 \x01(\tH\x00\x12*\n\x04spec\x18\x02 \x01(\x0b\x32\x1a.cronscale.v1.ScheduleSpecH\x00\x12)\n\x05\x61\x66ter\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x42\x08\n\x06target\"\x8e\x01\n\x17PreviewScheduleResponse\x12\x31\n\nfire_times\x18\x01 \x03(\x0b\x32\x1d.cronscale.v1.FireTimePreview\x12\x10\n\x08timezone\x18\x02 \x01(\t\x12.\n\x07skipped\x18\x03 \x03(\x0b\x32\x1d.cronscale.v1.FireTimePreview\"U\n\x17ListDependenciesRequest\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"`\n\x18ListDependenciesResponse\x12+\n\x05\x65\x64ges\x18\x01 \x03(\x0b\x32\x1c.cronscale.v1.DependencyEdge\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xf8\n\n\x10SchedulerService\x12M\n\x0e\x43reateSchedule\x12#.cronscale.v1.CreateScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12m\n\x14\x42\x61tchCreateSchedules\x12).cronscale.v1.BatchCreateSchedulesRequest\x1a*.cronscale.v1.BatchCreateSchedulesResponse\x12G\n\x0bGetSchedule\x12 .cronscale.v1.GetScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12X\n\rListSchedules\x12\".cronscale.v1.ListSchedulesRequest\x1a#.cronscale.v1.ListSchedulesResponse\x12K\n\rPauseSchedule\x12\".cronscale.v1.PauseScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12M\n\x0eResumeSchedule\x12#.cronscale.v1.ResumeScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12[\n\x0e\x44\x65leteSchedule\x12#.cronscale.v1.DeleteScheduleRequest\x1a$.cronscale.v1.DeleteScheduleResponse\x12I\n\x08ListRuns\x12\x1d.cronscale.v1.ListRunsRequest\x1a\x1e.cronscale.v1.ListRunsResponse\x12\x38\n\x06GetRun\x12\x1b.cronscale.v1.GetRunRequest\x1a\x11.cronscale.v1.Run\x12M\n\x0eUpdateSchedule\x12#.cronscale.v1.UpdateScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12M\n\x0e\x43\x61ncelSchedule\x12#.cronscale.v1.CancelScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12J\n\x0fTriggerSchedule\x12$.cronscale.v1.TriggerScheduleRequest\x1a\x11.cronscale.v1.Run\x12<\n\x08RerunRun\x12\x1d.cronscale.v1.RerunRunRequest\x1a\x11.cronscale.v1.Run\x12Q\n\x10\x42\x61\x63kfillSchedule\x12%.cronscale.v1.BackfillScheduleRequest\x1a\x16.cronscale.v1.Backfill\x12G\n\x0bGetBackfill\x12 .cronscale.v1.GetBackfillRequest\x1a\x16.cronscale.v1.Backfill\x12^\n\x0fPreviewSchedule\x12$.cronscale.v1.PreviewScheduleRequest\x1a%.cronscale.v1.PreviewScheduleResponse\x12\x61\n\x10ListDependencies\x12%.cronscale.v1.ListDependenciesRequest\x1a&.cronscale.v1.ListDependenciesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cronscale/v1/scheduler_service.proto\x12\x0c\x63ronscale.v1\x1a\x1b\x63ronscale/v1/schedule.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n\x15\x43reateScheduleRequest\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.Schedule\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"Q\n\x1b\x42\x61tchCreateSchedulesRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.cronscale.v1.CreateScheduleRequest\"P\n\x1c\x42\x61tchCreateSchedulesResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.cronscale.v1.BatchCreateResult\"y\n\x11\x42\x61tchCreateResult\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.Schedule\x12\x17\n\x0f\x61lready_existed\x18\x02 \x01(\x08\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\" \n\x12GetScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"M\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"[\n\x15ListSchedulesResponse\x12)\n\tschedules\x18\x01 \x03(\x0b\x32\x16.cronscale.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x14PauseScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04note\x18\x02 \x01(\t\x12\x11\n\tpaused_by\x18\x03 \x01(\t\"Z\n\x15ResumeScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x35\n\x10misfire_override\x18\x02 \x01(\x0e\x32\x1b.cronscale.v1.MisfirePolicy\"#\n\x15\x44\x65leteScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse\"M\n\x0fListRunsRequest\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.cronscale.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"A\n\x15UpdateScheduleRequest\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.cronscale.v1.Schedule\";\n\x15\x43\x61ncelScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61ncel_running\x18\x02 \x01(\x08\"G\n\x16TriggerScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"5\n\x0fRerunRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\x98\x01\n\x17\x42\x61\x63kfillScheduleRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\x05\")\n\x12GetBackfillRequest\x12\x13\n\x0b\x62\x61\x63kfill_id\x18\x01 \x01(\t\"\x96\x01\n\x16PreviewScheduleRequest\x12\x0c\n\x02id\x18\x01 \x01(\tH\x00\x12*\n\x04spec\x18\x02 \x01(\x0b\x32\x1a.cronscale.v1.ScheduleSpecH\x00\x12)\n\x05\x61\x66ter\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x42\x08\n\x06target\"\x8e\x01\n\x17PreviewScheduleResponse\x12\x31\n\nfire_times\x18\x01 \x03(\x0b\x32\x1d.cronscale.v1.FireTimePreview\x12\x10\n\x08timezone\x18\x02 \x01(\t\x12.\n\x07skipped\x18\x03 \x03(\x0b\x32\x1d.cronscale.v1.FireTimePreview\"U\n\x17ListDependenciesRequest\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"`\n\x18ListDependenciesResponse\x12+\n\x05\x65\x64ges\x18\x01 \x03(\x0b\x32\x1c.cronscale.v1.DependencyEdge\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xf8\n\n\x10SchedulerService\x12M\n\x0e\x43reateSchedule\x12#.cronscale.v1.CreateScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12m\n\x14\x42\x61tchCreateSchedules\x12).cronscale.v1.BatchCreateSchedulesRequest\x1a*.cronscale.v1.BatchCreateSchedulesResponse\x12G\n\x0bGetSchedule\x12 .cronscale.v1.GetScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12X\n\rListSchedules\x12\".cronscale.v1.ListSchedulesRequest\x1a#.cronscale.v1.ListSchedulesResponse\x12K\n\rPauseSchedule\x12\".cronscale.v1.PauseScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12M\n\x0eResumeSchedule\x12#.cronscale.v1.ResumeScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12[\n\x0e\x44\x65leteSchedule\x12#.cronscale.v1.DeleteScheduleRequest\x1a$.cronscale.v1.DeleteScheduleResponse\x12I\n\x08ListRuns\x12\x1d.cronscale.v1.ListRunsRequest\x1a\x1e.cronscale.v1.ListRunsResponse\x12\x38\n\x06GetRun\x12\x1b.cronscale.v1.GetRunRequest\x1a\x11.cronscale.v1.Run\x12M\n\x0eUpdateSchedule\x12#.cronscale.v1.UpdateScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12M\n\x0e\x43\x61ncelSchedule\x12#.cronscale.v1.CancelScheduleRequest\x1a\x16.cronscale.v1.Schedule\x12J\n\x0fTriggerSchedule\x12$.cronscale.v1.TriggerScheduleRequest\x1a\x11.cronscale.v1.Run\x12<\n\x08RerunRun\x12\x1d.cronscale.v1.RerunRunRequest\x1a\x11.cronscale.v1.Run\x12Q\n\x10\x42\x61\x63kfillSchedule\x12%.cronscale.v1.BackfillScheduleRequest\x1a\x16.cronscale.v1.Backfill\x12G\n\x0bGetBackfill\x12 .cronscale.v1.GetBackfillRequest\x1a\x16.cronscale.v1.Backfill\x12^\n\x0fPreviewSchedule\x12$.cronscale.v1.PreviewScheduleRequest\x1a%.cronscale.v1.PreviewScheduleResponse\x12\x61\n\x10ListDependencies\x12%.cronscale.v1.ListDependenciesRequest\x1a&.cronscale.v1.ListDependenciesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,43 +44,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSCHEDULEREQUEST']._serialized_start=512
   _globals['_GETSCHEDULEREQUEST']._serialized_end=544
   _globals['_LISTSCHEDULESREQUEST']._serialized_start=546
-  _globals['_LISTSCHEDULESREQUEST']._serialized_end=607
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=609
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=700
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=702
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=769
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=771
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=861
-  _globals['_DELETESCHEDULEREQUEST']._serialized_start=863
-  _globals['_DELETESCHEDULEREQUEST']._serialized_end=898
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=900
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=924
-  _globals['_LISTRUNSREQUEST']._serialized_start=926
-  _globals['_LISTRUNSREQUEST']._serialized_end=1003
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1005
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1081
-  _globals['_GETRUNREQUEST']._serialized_start=1083
-  _globals['_GETRUNREQUEST']._serialized_end=1114
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1116
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=1181
-  _globals['_CANCELSCHEDULEREQUEST']._serialized_start=1183
-  _globals['_CANCELSCHEDULEREQUEST']._serialized_end=1242
-  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_start=1244
-  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_end=1315
-  _globals['_RERUNRUNREQUEST']._serialized_start=1317
-  _globals['_RERUNRUNREQUEST']._serialized_end=1370
-  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_start=1373
-  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_end=1525
-  _globals['_GETBACKFILLREQUEST']._serialized_start=1527
-  _globals['_GETBACKFILLREQUEST']._serialized_end=1568
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=1571
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=1721
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=1724
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=1866
-  _globals['_LISTDEPENDENCIESREQUEST']._serialized_start=1868
-  _globals['_LISTDEPENDENCIESREQUEST']._serialized_end=1953
-  _globals['_LISTDEPENDENCIESRESPONSE']._serialized_start=1955
-  _globals['_LISTDEPENDENCIESRESPONSE']._serialized_end=2051
-  _globals['_SCHEDULERSERVICE']._serialized_start=2054
-  _globals['_SCHEDULERSERVICE']._serialized_end=3454
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=623
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=625
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=716
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=718
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=785
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=787
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=877
+  _globals['_DELETESCHEDULEREQUEST']._serialized_start=879
+  _globals['_DELETESCHEDULEREQUEST']._serialized_end=914
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=916
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=940
+  _globals['_LISTRUNSREQUEST']._serialized_start=942
+  _globals['_LISTRUNSREQUEST']._serialized_end=1019
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1021
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1097
+  _globals['_GETRUNREQUEST']._serialized_start=1099
+  _globals['_GETRUNREQUEST']._serialized_end=1130
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1132
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=1197
+  _globals['_CANCELSCHEDULEREQUEST']._serialized_start=1199
+  _globals['_CANCELSCHEDULEREQUEST']._serialized_end=1258
+  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_start=1260
+  _globals['_TRIGGERSCHEDULEREQUEST']._serialized_end=1331
+  _globals['_RERUNRUNREQUEST']._serialized_start=1333
+  _globals['_RERUNRUNREQUEST']._serialized_end=1386
+  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_start=1389
+  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_end=1541
+  _globals['_GETBACKFILLREQUEST']._serialized_start=1543
+  _globals['_GETBACKFILLREQUEST']._serialized_end=1584
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=1587
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=1737
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=1740
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=1882
+  _globals['_LISTDEPENDENCIESREQUEST']._serialized_start=1884
+  _globals['_LISTDEPENDENCIESREQUEST']._serialized_end=1969
+  _globals['_LISTDEPENDENCIESRESPONSE']._serialized_start=1971
+  _globals['_LISTDEPENDENCIESRESPONSE']._serialized_end=2067
+  _globals['_SCHEDULERSERVICE']._serialized_start=2070
+  _globals['_SCHEDULERSERVICE']._serialized_end=3470
 # @@protoc_insertion_point(module_scope)

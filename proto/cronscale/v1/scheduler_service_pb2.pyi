@@ -159,19 +159,26 @@ class ListSchedulesRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most 1000; 0 means 100."""
     page_token: _builtins.str
-    """From the previous response's next_page_token."""
+    """From the previous response's next_page_token (of a request with the same tenant)."""
+    tenant: _builtins.str
+    """Only this tenant's schedules, found by an index: every page is full until the last. A
+    tenant key lists its own tenant's schedules whatever it names here (naming another is
+    PERMISSION_DENIED); an admin key lists every tenant's when this is empty.
+    """
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
