@@ -35,17 +35,12 @@ RUN_RETENTION_DAYS = 30
 MAX_ERROR_CHARS = 4096
 # Statuses that do not show a worker took the run (its message may never have reached Kafka).
 _NOT_TAKEN = (RunStatus.ENQUEUED.value, RunStatus.SKIPPED.value)
-# An attempt with one of these has its outcome.
+# An attempt with one of these is over, and nothing more follows from it.
 _FINISHED = frozenset(
-    s.value
-    for s in (
-        RunStatus.SUCCEEDED,
-        RunStatus.FAILED,
-        RunStatus.CANCELLED,
-        RunStatus.TIMED_OUT,
-        RunStatus.DEAD_LETTERED,
-    )
+    s.value for s in (RunStatus.SUCCEEDED, RunStatus.CANCELLED, RunStatus.DEAD_LETTERED)
 )
+# Over, and to be retried: done once the retry is written too (next_attempt_time).
+_FAILURES = frozenset(s.value for s in (RunStatus.FAILED, RunStatus.TIMED_OUT))
 
 
 # A run row's status cells are written at a timestamp derived from the run itself, never from
@@ -543,15 +538,22 @@ class CassandraRunStore:
         )
 
     async def finished(self, attempts: Mapping[str, int]) -> set[str]:
-        """Which of the runs have an outcome recorded for the given attempt, or a later attempt:
-        asked by a worker before it runs a message that may have run already (a redelivery
-        after its partition's previous consumer died uncommitted), never for every run."""
+        """Which of the runs are done with the given attempt: a later attempt exists, or this
+        one's outcome is recorded together with what follows it (a failure: its retry or its
+        dead letter). Asked by a worker before it runs a message that may have run already (a
+        redelivery after its partition's previous consumer died uncommitted), never for every
+        run. A failure recorded without its retry (the API died in between) is not done: run
+        again, its report writes the retry."""
 
         def done(row: Any) -> bool:
             attempt, asked = row.attempt or 1, attempts[row.run_id]
-            return attempt > asked or (attempt == asked and row.status in _FINISHED)
+            if attempt != asked:
+                return attempt > asked
+            if row.status in _FAILURES:
+                return row.next_attempt_time is not None
+            return row.status in _FINISHED
 
-        return await self._runs_where("get_run_status", list(attempts), done)
+        return await self._runs_where("get_run_outcome", list(attempts), done)
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""

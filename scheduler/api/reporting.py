@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
@@ -11,7 +12,7 @@ from scheduler.api.convert import event_from_proto
 from scheduler.api.scope import ScheduleTenants, check_reports
 from scheduler.api.status import Context, grpc_errors
 from scheduler.errors import InvalidArgument
-from scheduler.reports import RunReports
+from scheduler.reports import Recorded, RunReports
 
 MAX_EVENTS = 5000
 
@@ -20,6 +21,7 @@ class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
     def __init__(self, reports: RunReports, tenants: ScheduleTenants) -> None:
         self._reports = reports
         self._tenants = tenants
+        self._applying: set[asyncio.Future[Recorded]] = set()
 
     async def _record(self, events: list[rr_pb2.RunEvent]) -> list[rr_pb2.RunEventAck]:
         if len(events) > MAX_EVENTS:
@@ -27,7 +29,13 @@ class RunReportingServicer(rr_grpc.RunReportingServiceServicer):
         now = datetime.now(UTC)
         records = [event_from_proto(e, i, now=now) for i, e in enumerate(events)]
         await check_reports(self._tenants, [r.run_id for r in records])
-        recorded = await self._reports.record(records)
+        # Applied whole even if the worker goes away meanwhile (a SIGKILL cancels this call):
+        # an outcome recorded without its retry, dependents or release would leave them
+        # unwritten until the run is reported again.
+        applying = asyncio.ensure_future(self._reports.record(records))
+        self._applying.add(applying)
+        applying.add_done_callback(self._applying.discard)
+        recorded = await asyncio.shield(applying)
         for r in records:
             metrics.RUN_REPORTS.labels(status=r.status.value if r.status else "HEARTBEAT").inc()
         return [

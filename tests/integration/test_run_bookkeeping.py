@@ -224,22 +224,26 @@ async def test_finished_answers_per_attempt_asked(
     stores: tuple[CassandraScheduleStore, CassandraRunStore],
 ) -> None:
     """A worker asks before running a message that may have run already (check_done): an
-    attempt counts as run when its outcome is recorded or a later attempt exists; an enqueued
-    or running one does not."""
+    attempt counts as done when a later attempt exists, or its outcome is recorded with what
+    follows it (a failure's retry); an enqueued or running one, or a failure whose retry was
+    never written (the API died in between), is not."""
     schedules, runs = stores
     s = await _schedule(schedules, "finished-asked")
-    pending, running, succeeded, retried = (
-        _enqueued(s, T0 + timedelta(seconds=i)) for i in range(4)
+    pending, running, succeeded, retried, unretried, will_retry = (
+        _enqueued(s, T0 + timedelta(seconds=i)) for i in range(6)
     )
-    for run in (pending, running, succeeded, retried):
+    for run in (pending, running, succeeded, retried, unretried, will_retry):
         await _fire(schedules, runs, run, run.scheduled_for)
     await runs.record_events([_event(running, RunStatus.RUNNING, T0)], now=T0)
     await runs.record_events([_event(succeeded, RunStatus.SUCCEEDED, T0)], now=T0)
-    await runs.record_events([_event(retried, RunStatus.FAILED, T0, error="boom")], now=T0)
+    for run in (retried, unretried, will_retry):
+        await runs.record_events([_event(run, RunStatus.FAILED, T0, error="boom")], now=T0)
+    failed = _event(will_retry, RunStatus.FAILED, T0, error="boom")
+    await runs.write([runs.retry_row(failed, T0 + timedelta(seconds=5))])
     second = _enqueued(s, retried.scheduled_for, attempt=2)
     await _fire(schedules, runs, second, T0 + timedelta(seconds=30))
-    asked = {r.run_id: 1 for r in (pending, running, succeeded, retried)}
-    assert await runs.finished(asked) == {succeeded.run_id, retried.run_id}
+    asked = {r.run_id: 1 for r in (pending, running, succeeded, retried, unretried, will_retry)}
+    assert await runs.finished(asked) == {succeeded.run_id, retried.run_id, will_retry.run_id}
     assert await runs.finished({retried.run_id: 2}) == set()
     assert await runs.finished({"finished-asked@20200101T000000.000Z": 1}) == set()
 
