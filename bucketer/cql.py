@@ -11,7 +11,9 @@ import collections
 import functools
 import logging
 import re
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,6 +24,7 @@ from cassandra import (
     Unavailable,
     WriteTimeout,
 )
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -133,7 +136,71 @@ def cached_named_tuple_factory(colnames: Sequence[str], rows: Sequence[Any]) -> 
     return [cls._make(r) for r in rows]
 
 
-def connect(hosts: Sequence[str], port: int, keyspace: str | None = None) -> Session:
+@dataclass(frozen=True, kw_only=True)
+class CassandraSecurity:
+    """How a process authenticates to Cassandra and encrypts the connection. The local stack
+    is plain (the default); a production cluster sets ``CRONSCALE_CASSANDRA_USERNAME`` and
+    ``CRONSCALE_CASSANDRA_PASSWORD`` (PasswordAuthenticator), ``CRONSCALE_CASSANDRA_TLS_CA_FILE``
+    (PEM: TLS on, each node's certificate verified against it; node addresses come from the
+    cluster's own tables, so host names are not matched) and, for client certificates,
+    ``CRONSCALE_CASSANDRA_TLS_CERT_FILE`` with ``CRONSCALE_CASSANDRA_TLS_KEY_FILE``."""
+
+    username: str = ""
+    password: str = field(default="", repr=False)
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.username) != bool(self.password):
+            raise ValueError(
+                "CRONSCALE_CASSANDRA_USERNAME and CRONSCALE_CASSANDRA_PASSWORD are set together "
+                "or not at all"
+            )
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError(
+                "CRONSCALE_CASSANDRA_TLS_CERT_FILE and CRONSCALE_CASSANDRA_TLS_KEY_FILE are set "
+                "together or not at all"
+            )
+        if self.cert_file and not self.ca_file:
+            raise ValueError(
+                "CRONSCALE_CASSANDRA_TLS_CERT_FILE needs CRONSCALE_CASSANDRA_TLS_CA_FILE (TLS on)"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> CassandraSecurity:
+        def get(name: str) -> str:
+            return env.get(f"CRONSCALE_CASSANDRA_{name}", "").strip()
+
+        return cls(
+            username=get("USERNAME"),
+            password=env.get("CRONSCALE_CASSANDRA_PASSWORD", ""),
+            ca_file=get("TLS_CA_FILE"),
+            cert_file=get("TLS_CERT_FILE"),
+            key_file=get("TLS_KEY_FILE"),
+        )
+
+    def cluster_options(self) -> dict[str, Any]:
+        """Keyword arguments for the driver's ``Cluster``."""
+        options: dict[str, Any] = {}
+        if self.username:
+            options["auth_provider"] = PlainTextAuthProvider(self.username, self.password)
+        if self.ca_file:
+            context = ssl.create_default_context(cafile=self.ca_file)
+            context.check_hostname = False  # nodes are addressed by IP, from system.peers
+            if self.cert_file:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            options["ssl_context"] = context
+        return options
+
+
+def connect(
+    hosts: Sequence[str],
+    port: int,
+    keyspace: str | None = None,
+    *,
+    security: CassandraSecurity | None = None,
+) -> Session:
     """Opens a token-aware session; raises StorageUnavailable with how to start Cassandra."""
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
@@ -151,6 +218,7 @@ def connect(hosts: Sequence[str], port: int, keyspace: str | None = None) -> Ses
         # Back within 2 s of Cassandra's return (the default backs off to 600 s; ~16 s was
         # seen after a restart, with every firing and report refused meanwhile).
         reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.25, max_delay=2.0),
+        **(security or CassandraSecurity()).cluster_options(),
     )
     try:
         session = cluster.connect(keyspace)

@@ -106,7 +106,9 @@ SHAPES = {
 
 async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list[Schedule], float]:
     """Imports ``count`` schedules and their first timers; returns them and schedules/s."""
-    session = connect(config.cassandra_hosts, config.cassandra_port)
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
     try:
         schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
         timers = CassandraTimerStore(
@@ -303,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        session = connect(config.cassandra_hosts, config.cassandra_port)
+        session = connect(
+            config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+        )
         session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
         session.cluster.shutdown()
 

@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             api.send_signal(signal.SIGTERM)
             api.wait(timeout=30)
-            session = connect(config.cassandra_hosts, config.cassandra_port)
+            session = connect(
+                config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+            )
             session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
             session.cluster.shutdown()
     for attempt, summary, wall, api_cpu, cass_cpu in runs:

@@ -96,7 +96,9 @@ def migrate(config: Config, out: Callable[[str], None] = print) -> None:
     """Creates the keyspace if needed and applies pending migrations, recording each."""
     if not _KEYSPACE.match(config.keyspace):
         raise InvalidArgument("CRONSCALE_KEYSPACE", f"{config.keyspace!r} is not a keyspace name")
-    session = connect(config.cassandra_hosts, config.cassandra_port)
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
     try:
         session.execute(
             f"CREATE KEYSPACE IF NOT EXISTS {config.keyspace} "
@@ -135,7 +137,9 @@ def migrate(config: Config, out: Callable[[str], None] = print) -> None:
 
 async def _init_shards(config: Config, shards: int) -> None:
     # A session without a default keyspace: the stores name it per prepared statement.
-    session = connect(config.cassandra_hosts, config.cassandra_port)
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
     try:
         store = CassandraTimerStore(session, keyspace=config.keyspace, shard_count=shards)
         await store.init_shards(minute_bucket(datetime.now(UTC)))

@@ -11,8 +11,11 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+from bucketer.cql import CassandraSecurity
 from scheduler.errors import InvalidArgument
 from scheduler.fairness import DEFAULT_TIER
+from worker.errors import ConfigError
+from worker.kafka_security import KafkaSecurity
 
 # Turns per round of each tier when a backlog is dispatched round-robin across tenants.
 DEFAULT_TIER_WEIGHTS = {"free": 1, "standard": 2, "premium": 4}
@@ -24,10 +27,16 @@ class Config:
 
     cassandra_hosts: tuple[str, ...] = ("127.0.0.1",)
     cassandra_port: int = 9042
+    # Credentials and TLS for a production cluster (bucketer.cql.CassandraSecurity); plain by
+    # default, as the local stack is.
+    cassandra_security: CassandraSecurity = field(default_factory=CassandraSecurity)
     keyspace: str = "cronscale"
     # "SimpleStrategy:1" locally; "NetworkTopologyStrategy:dc1=3,dc2=3" in production.
     replication: str = "SimpleStrategy:1"
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # How to authenticate to Kafka and encrypt the connection (worker.kafka_security);
+    # plain by default, as the local stack is.
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     # Topics are "<prefix>.<tier>"; tests use a unique prefix to stay isolated.
     topic_prefix: str = "cronscale.runs"
     topic_partitions: int = 6
@@ -89,10 +98,12 @@ class Config:
             cassandra_hosts=tuple(h for h in hosts if h),
             # Without explicit client settings, follow the local stack's ports.
             cassandra_port=_int("CRONSCALE_CASSANDRA_PORT", _int("CRONSCALE_LOCAL_CQL_PORT", 9042)),
+            cassandra_security=_cassandra_security(e),
             keyspace=e.get("CRONSCALE_KEYSPACE", "cronscale"),
             replication=e.get("CRONSCALE_REPLICATION", "SimpleStrategy:1"),
             kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP")
             or f"127.0.0.1:{_int('CRONSCALE_LOCAL_KAFKA_PORT', 9092)}",
+            kafka_security=_kafka_security(e),
             topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX", "cronscale.runs"),
             topic_partitions=_int("CRONSCALE_TOPIC_PARTITIONS", 6),
             api_listen=e.get("CRONSCALE_API_LISTEN", api),
@@ -122,6 +133,22 @@ class Config:
     def dead_letter_topic(self) -> str:
         """The Kafka topic that carries dead letters (``cronscale.v1.DeadLetter``)."""
         return f"{self.topic_prefix}.dlq"
+
+
+def _cassandra_security(env: dict[str, str]) -> CassandraSecurity:
+    try:
+        return CassandraSecurity.from_env(env)
+    except ValueError as e:
+        name, _, problem = str(e).partition(" ")
+        raise InvalidArgument(name, problem) from None
+
+
+def _kafka_security(env: dict[str, str]) -> KafkaSecurity:
+    try:
+        return KafkaSecurity.from_env(env)
+    except ConfigError as e:
+        name, _, problem = str(e).partition(" ")
+        raise InvalidArgument(name, problem) from None
 
 
 def _tiers(raw: str) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from scheduler.errors import Unavailable
+from worker.kafka_security import KafkaSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +39,12 @@ class KafkaRunQueue:
     are keyed by schedule id, so one schedule's runs stay in order on one partition.
     """
 
-    def __init__(self, bootstrap: str, *, linger_ms: int = 5) -> None:
+    def __init__(
+        self, bootstrap: str, *, linger_ms: int = 5, security: KafkaSecurity | None = None
+    ) -> None:
         self._bootstrap = bootstrap
         self._linger_ms = linger_ms
+        self._security = security or KafkaSecurity()
         self._stale = False
         self._producer = self._new_producer()
 
@@ -56,6 +60,7 @@ class KafkaRunQueue:
             # turned one stall into a misfire of every due slot).
             request_timeout_ms=10_000,
             client_id="cronscale-dispatcher",
+            **self._security.client_options(),
         )
 
     async def start(self) -> None:
@@ -66,10 +71,7 @@ class KafkaRunQueue:
         except KafkaConnectionError as e:
             await self._producer.stop()
             self._producer = self._new_producer()
-            raise Unavailable(
-                f"cannot reach Kafka at {self._bootstrap} ({e}); start the local one with "
-                "`cronscale local up` (or `make dev`), or set CRONSCALE_KAFKA_BOOTSTRAP"
-            ) from e
+            raise _unreachable(self._bootstrap, self._security, e) from e
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -116,17 +118,24 @@ class KafkaRunQueue:
         self._stale = False
 
 
-async def ensure_topics(bootstrap: str, topics: Sequence[str], *, partitions: int) -> None:
+async def ensure_topics(
+    bootstrap: str,
+    topics: Sequence[str],
+    *,
+    partitions: int,
+    security: KafkaSecurity | None = None,
+) -> None:
     """Creates the run topics if missing (replication 1 locally; production pre-creates them)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="cronscale-admin")
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="cronscale-admin",
+        **(security or KafkaSecurity()).client_options(),
+    )
     try:
         await admin.start()
     except KafkaConnectionError as e:
         await admin.close()
-        raise Unavailable(
-            f"cannot reach Kafka at {bootstrap} ({e}); start the local one with "
-            "`cronscale local up` (or `make dev`), or set CRONSCALE_KAFKA_BOOTSTRAP"
-        ) from e
+        raise _unreachable(bootstrap, security or KafkaSecurity(), e) from e
     try:
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t not in existing]
@@ -140,3 +149,20 @@ async def ensure_topics(bootstrap: str, topics: Sequence[str], *, partitions: in
                 pass
     finally:
         await admin.close()
+
+
+def _unreachable(bootstrap: str, security: KafkaSecurity, e: Exception) -> Unavailable:
+    if security.sasl or security.tls:
+        # aiokafka reports a refused login or certificate as a failure to connect.
+        hint = (
+            "check that it listens there for "
+            f"{security.protocol}, and the credentials (CRONSCALE_KAFKA_USERNAME, "
+            "CRONSCALE_KAFKA_PASSWORD) and CA (CRONSCALE_KAFKA_TLS_CA_FILE): a refused login "
+            "or certificate looks the same here, the log above says which"
+        )
+    else:
+        hint = (
+            "start the local one with `cronscale local up` (or `make dev`), or set "
+            "CRONSCALE_KAFKA_BOOTSTRAP"
+        )
+    return Unavailable(f"cannot reach Kafka at {bootstrap} ({e}); {hint}")

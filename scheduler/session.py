@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 
 def open_session(config: Config) -> Session:
     """A session on the configured keyspace (StorageUnavailable says how to start Cassandra)."""
-    session = connect(config.cassandra_hosts, config.cassandra_port)
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
     rows = session.execute(
         "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
         (config.keyspace,),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.errors import ConfigError
+from worker.kafka_security import KafkaSecurity
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -126,6 +127,8 @@ class WorkerConfig:
     # Where the worker answers gRPC health checks (worker.health), e.g. "0.0.0.0:50071";
     # empty: nowhere.
     health_listen: str = ""
+    # How to authenticate to Kafka and encrypt the connection (worker.kafka_security).
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     # What the ``http`` built-in may reach besides public addresses.
     http_allow: HttpAllow = field(default_factory=HttpAllow)
 
@@ -191,6 +194,7 @@ class WorkerConfig:
             metrics_port=int(_num("CRONSCALE_METRICS_PORT", 0, int)),
             metrics_addr=e.get("CRONSCALE_METRICS_ADDR", "").strip() or "127.0.0.1",
             health_listen=e.get("CRONSCALE_WORKER_HEALTH_LISTEN", "").strip(),
+            kafka_security=KafkaSecurity.from_env(e),
             http_allow=HttpAllow.parse(e.get("CRONSCALE_HTTP_ALLOW", ""), "CRONSCALE_HTTP_ALLOW"),
         )
 

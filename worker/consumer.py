@@ -119,9 +119,11 @@ class KafkaRunConsumer:
         while not stop.is_set():
             # The admin client reads the commits' metadata on assignment: up before the consumer
             # joins the group.
+            security = self._config.kafka_security.client_options()
             admin = AIOKafkaAdminClient(
                 bootstrap_servers=self._config.kafka_bootstrap,
                 client_id=f"cronscale-worker-{self._config.instance_id}-admin",
+                **security,
             )
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=self._config.kafka_bootstrap,
@@ -130,6 +132,7 @@ class KafkaRunConsumer:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 group_instance_id=self._config.group_instance_id or None,
+                **security,
             )
             consumer.subscribe([self._config.topic], listener=_Rebalance(self))
             self._admin, self._consumer = admin, consumer

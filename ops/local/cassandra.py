@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from cassandra import ProtocolVersion
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra import AuthenticationFailed, ProtocolVersion
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import RoundRobinPolicy
 
 from ops.local.process import port_open
@@ -88,6 +88,7 @@ class CassandraService(LocalService):
                 if s.commitlog_sync == "group"
                 else "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
             ),
+            extra=s.cassandra_extra_yaml,
         )
         self._copy("logback.xml")
 
@@ -162,6 +163,12 @@ def query_release_version(host: str, port: int, *, timeout_s: float) -> str | No
         try:
             session = cluster.connect()
             row = session.execute("SELECT release_version FROM system.local").one()
+        except NoHostAvailable as exc:
+            if any(isinstance(e, AuthenticationFailed) for e in exc.errors.values()):
+                # A node with authentication on answered the native protocol: it is up.
+                return "unknown (authentication required)"
+            logger.debug("cassandra at %s:%s not ready: %r", host, port, exc)
+            return None
         except Exception as exc:  # any failure at all means "not ready yet"
             logger.debug("cassandra at %s:%s not ready: %r", host, port, exc)
             return None

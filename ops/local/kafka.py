@@ -60,6 +60,7 @@ class KafkaService(LocalService):
             port=s.kafka_port,
             controller_port=s.kafka_controller_port,
             data_dir=s.data_dir(KAFKA),
+            extra=s.kafka_extra_properties,
         )
         self._copy("log4j2.xml")
 

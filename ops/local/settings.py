@@ -78,6 +78,11 @@ class LocalSettings:
     # is killed) or "group" (acknowledged only once the commit log is synced, 10 ms windows).
     commitlog_sync: str = "periodic"
     kafka_heap: str = "512m"
+    # Lines appended to the generated cassandra.yaml and server.properties (a later Kafka key
+    # wins over the template's): a stack with authentication and TLS turned on, as the test of
+    # the clients' security settings starts. Empty for the development stack.
+    cassandra_extra_yaml: str = ""
+    kafka_extra_properties: str = ""
     start_timeout_s: float = 240.0
     stop_timeout_s: float = 30.0
     java: str = "java"

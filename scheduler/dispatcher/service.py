@@ -51,13 +51,14 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
         return
     try:
         timers, schedules, runs = stores.timers, stores.schedules, stores.runs
-        queue = KafkaRunQueue(config.kafka_bootstrap)
+        queue = KafkaRunQueue(config.kafka_bootstrap, security=config.kafka_security)
 
         async def start_kafka() -> bool:
             await ensure_topics(
                 config.kafka_bootstrap,
                 [*(config.topic(t) for t in config.tiers), config.dead_letter_topic()],
                 partitions=config.topic_partitions,
+                security=config.kafka_security,
             )
             await queue.start()
             return True

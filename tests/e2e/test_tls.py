@@ -4,60 +4,23 @@ worker's reporter verify it (and refuse an API they cannot verify)."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
 from cronscale.v1 import scheduler_service_pb2
 from tests.e2e.conftest import Stack, _free_port
 from tests.e2e.support import create_schedule, cron_spec, ts
+from tests.tls import self_signed
 from worker.reporter import RunReporter
 
 
-def _self_signed(folder: Path, name: str) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cronscale test")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / f"{name}.crt", folder / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def test_the_api_serves_tls_and_clients_verify_it(stack: Stack, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path, "api")
-    other, _ = _self_signed(tmp_path, "other")
+    cert, key = self_signed(tmp_path, "api")
+    other, _ = self_signed(tmp_path, "other")
     target = f"127.0.0.1:{_free_port()}"
     saved = dict(stack.env)
     stack.env.update(
