@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import math
 import os
 import signal
 import socket
@@ -38,6 +39,8 @@ from pathlib import Path
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import connect
+from loadtest import figures
+from loadtest.figures import pct
 from loadtest.tally import ENV_DIR, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
@@ -89,11 +92,6 @@ def _scrape(port: int, metric: str) -> float:
         if line.startswith(metric) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 SHAPES = {
@@ -152,10 +150,11 @@ async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list
 
 def account(
     schedules: list[Schedule], tally_dir: Path, lo: datetime, hi: datetime
-) -> tuple[int, list[str], dict[str, int], list[float]]:
+) -> tuple[int, list[str], dict[str, int], list[tuple[float, float]]]:
     """From the handlers' own record: the slots due in [lo, hi) (every schedule fires once a
     minute at its jitter offset), which of them never ran (lost), which ran more than once
-    (run id -> executions), and the start lag (handler start - scheduled_for) of each run."""
+    (run id -> executions), and each run's scheduled time (epoch seconds) and start lag
+    (handler start - scheduled_for)."""
     expected: set[str] = set()
     first_minute = lo.replace(second=0, microsecond=0) - timedelta(minutes=1)
     minutes = int((hi - first_minute).total_seconds() // 60) + 1
@@ -166,16 +165,17 @@ def account(
             if lo <= at < hi:
                 expected.add(run_id_for(s.schedule_id, at))
     counts: dict[str, int] = {}
-    lags: list[float] = []
+    timeline: list[tuple[float, float]] = []
     for run_id, _attempt, started in read_tallies(tally_dir):
         if run_id not in expected:
             continue
         counts[run_id] = counts.get(run_id, 0) + 1
         if counts[run_id] == 1:
-            lags.append(started - parse_run_id(run_id).scheduled_for.timestamp())
+            scheduled = parse_run_id(run_id).scheduled_for.timestamp()
+            timeline.append((scheduled, started - scheduled))
     lost = sorted(expected - counts.keys())
     doubled = {r: n for r, n in counts.items() if n > 1}
-    return len(expected), lost, doubled, lags
+    return len(expected), lost, doubled, timeline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,7 +280,11 @@ def main(argv: list[str] | None = None) -> int:
             if n.startswith("dispatcher")
         )
         wall0 = time.monotonic()
-        time.sleep(max(0.0, (hi - datetime.now(UTC)).total_seconds()))
+        # Every measured process's CPU once a second, for the figures.
+        samples: list[tuple[float, dict[str, float]]] = [(time.time(), cpu0)]
+        while (left := (hi - datetime.now(UTC)).total_seconds()) > 0:
+            time.sleep(min(1.0, left))
+            samples.append((time.time(), {n: cpu_seconds(pid) for n, pid in pids.items()}))
         wall = time.monotonic() - wall0
         cpu1 = {n: cpu_seconds(pid) for n, pid in pids.items()}
         fired = (
@@ -293,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         # Let the window's last runs start (a backlog drains), then count from the handlers.
         deadline = time.monotonic() + args.drain
-        expected, lost, doubled, lags = account(schedules, tally_dir, lo, hi)
+        expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
         while lost and time.monotonic() < deadline:
             time.sleep(2)
-            expected, lost, doubled, lags = account(schedules, tally_dir, lo, hi)
+            expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
@@ -316,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     ours = sum(v for n, v in per_firing.items() if n not in ("cassandra", "kafka"))
     REPORTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    lags = [lag for _scheduled, lag in timeline]
     with (REPORTS / f"firing-{stamp}.csv").open("w", newline="") as f:
-        csv.writer(f).writerows([("start_lag_s",), *((round(x, 4),) for x in lags)])
+        csv.writer(f).writerows(
+            [("scheduled_for", "start_lag_s"), *((round(t, 3), round(x, 4)) for t, x in timeline)]
+        )
     busy = sum(cpu.values()) / wall
     lines = [
         f"# Firing load {stamp}",
@@ -343,6 +350,40 @@ def main(argv: list[str] | None = None) -> int:
         f"| **all cronscale processes** | | **{ours:.3f}** |",
         f"| **everything** | | **{sum(per_firing.values()):.3f}** |",
     ]
+    title = (
+        f"{args.shape} {args.rate:,}/min, {args.dispatchers} dispatcher(s), {args.workers} "
+        f"worker(s): {sum(per_firing.values()):.3f} CPU ms/firing, lag p99 {pct(lags, 0.99):.3f} s"
+    )
+    json_path, png_path = figures.write(
+        REPORTS / f"firing-{stamp}",
+        {
+            "title": title,
+            "shape": args.shape,
+            "rate_per_min": args.rate,
+            "dispatchers": args.dispatchers,
+            "workers": args.workers,
+            "shards": args.shards,
+            "window": [lo.isoformat(), hi.isoformat()],
+            "wall_s": round(wall, 2),
+            "fired": fired,
+            "expected": expected,
+            "lost": len(lost),
+            "ran_twice": len(doubled),
+            "lag_s": {
+                "p50": pct(lags, 0.5),
+                "p99": pct(lags, 0.99),
+                "max": max(lags, default=math.nan),
+            },
+            "cpu_s": cpu,
+            "cpu_ms_per_firing": per_firing,
+            "cpu_ms_per_firing_total": sum(per_firing.values()),
+            "registration_per_s": reg_rate,
+        },
+        timeline,
+        samples,
+        lo.timestamp(),
+    )
+    lines.append(f"- figures: {png_path.name}, numbers: {json_path.name}")
     report = "\n".join(lines) + "\n"
     (REPORTS / f"firing-{stamp}.md").write_text(report)
     print(report)

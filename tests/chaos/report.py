@@ -17,7 +17,7 @@ from pathlib import Path
 
 from croniter import croniter
 
-from loadtest.firing import pct
+from loadtest.figures import pct
 from tests.chaos.handlers import FAIL, FLAKY, HANG, OK
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import pytest
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2
 from cronscale.v1 import tenant_service_pb2 as t_pb2
 from cronscale.v1 import tenant_service_pb2_grpc as t_grpc
-from loadtest.firing import pct
+from loadtest.figures import pct
 from tests.e2e.conftest import Stack
 from tests.e2e.support import SUCCEEDED, dt, list_runs, once_spec, refusal, wait_until
 
