@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from bucketer.cql import CassandraSecurity
 from scheduler.errors import InvalidArgument
@@ -98,12 +100,12 @@ class Config:
             cassandra_hosts=tuple(h for h in hosts if h),
             # Without explicit client settings, follow the local stack's ports.
             cassandra_port=_int("CRONSCALE_CASSANDRA_PORT", _int("CRONSCALE_LOCAL_CQL_PORT", 9042)),
-            cassandra_security=_cassandra_security(e),
+            cassandra_security=_security(CassandraSecurity.from_env, e),
             keyspace=e.get("CRONSCALE_KEYSPACE", "cronscale"),
             replication=e.get("CRONSCALE_REPLICATION", "SimpleStrategy:1"),
             kafka_bootstrap=e.get("CRONSCALE_KAFKA_BOOTSTRAP")
             or f"127.0.0.1:{_int('CRONSCALE_LOCAL_KAFKA_PORT', 9092)}",
-            kafka_security=_kafka_security(e),
+            kafka_security=_security(KafkaSecurity.from_env, e),
             topic_prefix=e.get("CRONSCALE_TOPIC_PREFIX", "cronscale.runs"),
             topic_partitions=_int("CRONSCALE_TOPIC_PARTITIONS", 6),
             api_listen=e.get("CRONSCALE_API_LISTEN", api),
@@ -135,18 +137,15 @@ class Config:
         return f"{self.topic_prefix}.dlq"
 
 
-def _cassandra_security(env: dict[str, str]) -> CassandraSecurity:
-    try:
-        return CassandraSecurity.from_env(env)
-    except ValueError as e:
-        name, _, problem = str(e).partition(" ")
-        raise InvalidArgument(name, problem) from None
+_Security = TypeVar("_Security", CassandraSecurity, KafkaSecurity)
 
 
-def _kafka_security(env: dict[str, str]) -> KafkaSecurity:
+def _security(build: Callable[[Mapping[str, str]], _Security], env: dict[str, str]) -> _Security:
+    """A client security setting from the environment; its error (which starts with the
+    variable at fault) as InvalidArgument naming that variable."""
     try:
-        return KafkaSecurity.from_env(env)
-    except ConfigError as e:
+        return build(env)
+    except (ValueError, ConfigError) as e:
         name, _, problem = str(e).partition(" ")
         raise InvalidArgument(name, problem) from None
 

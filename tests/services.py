@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 
+from ops.local import LocalSettings
 from scheduler.config import Config
 
 START_HINT = "start them with `cronscale local up` (or `make dev` / `make test`, which do it)"
@@ -46,3 +50,29 @@ def test_config(**overrides: object) -> Config:
     }
     values.update(overrides)
     return Config(**{**base.__dict__, **values})
+
+
+def private_stack_settings(home: Path, **overrides: object) -> LocalSettings:
+    """A Cassandra + Kafka pair of its own: ``home``, free ports, no JMX, ``overrides`` on top;
+    the jars of the main local stack are reused (linked) when it has them, else fetched as
+    ``cronscale local up`` does."""
+    base = LocalSettings.from_env()
+    home.mkdir(parents=True, exist_ok=True)
+    if (base.home / "lib").is_dir() and not (home / "lib").exists():
+        (home / "lib").symlink_to(base.home / "lib")
+    ports: list[int] = []
+    with contextlib.ExitStack() as held:  # all bound at once: no port handed out twice
+        for _ in range(4):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+    settings = dataclasses.replace(
+        base,
+        home=home,
+        jmx_port=0,
+        cql_port=ports[0],
+        storage_port=ports[1],
+        kafka_port=ports[2],
+        kafka_controller_port=ports[3],
+    )
+    return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]

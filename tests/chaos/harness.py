@@ -68,7 +68,7 @@ from tests.e2e.support import (
     list_runs,
     status_name,
 )
-from tests.services import require_services, test_config
+from tests.services import private_stack_settings, require_services, test_config
 
 logger = logging.getLogger(__name__)
 
@@ -147,25 +147,10 @@ class ChaosOptions:
 
 
 def private_settings(home: Path) -> LocalSettings:
-    """A Cassandra + Kafka pair of its own: ``home``, free ports, no JMX; the jars of the main
-    local stack are reused (linked) when it has them, else fetched as ``cronscale local up``
-    does."""
-    base = LocalSettings.from_env()
-    home.mkdir(parents=True, exist_ok=True)
-    if (base.home / "lib").is_dir() and not (home / "lib").exists():
-        (home / "lib").symlink_to(base.home / "lib")
-    return dataclasses.replace(
-        base,
-        home=home,
-        cql_port=_free_port(),
-        storage_port=_free_port(),
-        jmx_port=0,
-        kafka_port=_free_port(),
-        kafka_controller_port=_free_port(),
-        # The proof SIGKILLs this single node: without a replica, only a synced commit log
-        # keeps what it acknowledged (ops/local/cassandra.yaml.tmpl).
-        commitlog_sync="group",
-    )
+    """The chaos stack's own Cassandra + Kafka (tests.services.private_stack_settings)."""
+    # The proof SIGKILLs this single node: without a replica, only a synced commit log keeps
+    # what it acknowledged (ops/local/cassandra.yaml.tmpl).
+    return private_stack_settings(home, commitlog_sync="group")
 
 
 def restart_service(settings: LocalSettings, name: str) -> None:

@@ -1,14 +1,20 @@
-"""A dispatcher's firing logic on the real stores and Kafka, and reading back what it produced."""
+"""A dispatcher's firing logic and the API's run reports on the real stores and Kafka, and
+reading back what they produced."""
 
 from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
+from cassandra.cluster import Session
 
+from bucketer.cassandra import CassandraTimerStore
 from cronscale.v1 import run_message_pb2
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue
-from scheduler.retries import DeadLetterPublisher, failures_of
+from scheduler.reports import RunReports
+from scheduler.retries import DeadLetterPublisher, Failures, failures_of
 from scheduler.session import Stores
 
 
@@ -29,6 +35,25 @@ def firing_on(stores: Stores, queue: KafkaRunQueue, topic: str, keyspace: str) -
             dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
         ),
     )
+
+
+def reports_on(
+    session: Session,
+    keyspace: str,
+    shard_count: int,
+    schedules: CassandraScheduleStore,
+    runs: CassandraRunStore,
+) -> tuple[RunReports, CassandraTimerStore]:
+    """The API's ``RunReports`` over ``schedules`` and ``runs`` (a test may pass a run store
+    of its own making), and the timer store it writes to."""
+    timers = CassandraTimerStore(session, keyspace=keyspace, shard_count=shard_count)
+    failures = Failures(
+        schedules=schedules,
+        runs=runs,
+        timers=timers,
+        dead_letters=CassandraDeadLetterStore(session, keyspace=keyspace),
+    )
+    return RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures), timers
 
 
 async def read_run_messages(bootstrap: str, topic: str) -> list[run_message_pb2.RunMessage]:

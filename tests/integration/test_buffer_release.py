@@ -13,7 +13,6 @@ from cassandra.cluster import Session
 from bucketer.cassandra import CassandraTimerStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
-from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.model import (
     BufferedRun,
     FollowUp,
@@ -28,7 +27,7 @@ from scheduler.model import (
     run_id_for,
 )
 from scheduler.reports import RunReports
-from scheduler.retries import Failures
+from tests.integration.firing_support import reports_on
 
 
 class Crash(Exception):
@@ -53,16 +52,7 @@ Parts = tuple[RunReports, CassandraScheduleStore, CrashingRunStore, CassandraTim
 def parts(session: Session, migrated: Config) -> Parts:
     schedules = CassandraScheduleStore(session, keyspace=migrated.keyspace)
     runs = CrashingRunStore(session, schedules)
-    timers = CassandraTimerStore(
-        session, keyspace=migrated.keyspace, shard_count=migrated.shard_count
-    )
-    failures = Failures(
-        schedules=schedules,
-        runs=runs,
-        timers=timers,
-        dead_letters=CassandraDeadLetterStore(session, keyspace=migrated.keyspace),
-    )
-    reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
+    reports, timers = reports_on(session, migrated.keyspace, migrated.shard_count, schedules, runs)
     return reports, schedules, runs, timers
 
 

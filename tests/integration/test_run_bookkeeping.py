@@ -9,10 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.cluster import Session
 
-from bucketer.cassandra import CassandraTimerStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
-from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.model import (
     STALE_RUN,
     Run,
@@ -24,8 +22,7 @@ from scheduler.model import (
     new_generation,
     run_id_for,
 )
-from scheduler.reports import RunReports
-from scheduler.retries import Failures
+from tests.integration.firing_support import reports_on
 
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 
@@ -252,16 +249,7 @@ async def test_a_started_asking_check_done_is_answered_and_not_recorded_when_don
     session: Session, migrated: Config, stores: tuple[CassandraScheduleStore, CassandraRunStore]
 ) -> None:
     schedules, runs = stores
-    timers = CassandraTimerStore(
-        session, keyspace=migrated.keyspace, shard_count=migrated.shard_count
-    )
-    failures = Failures(
-        schedules=schedules,
-        runs=runs,
-        timers=timers,
-        dead_letters=CassandraDeadLetterStore(session, keyspace=migrated.keyspace),
-    )
-    reports = RunReports(schedules=schedules, runs=runs, timers=timers, failures=failures)
+    reports, _ = reports_on(session, migrated.keyspace, migrated.shard_count, schedules, runs)
     s = await _schedule(schedules, "check-done")
     done, fresh = _enqueued(s, T0), _enqueued(s, T0 + timedelta(seconds=1))
     for run in (done, fresh):

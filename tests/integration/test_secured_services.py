@@ -27,6 +27,7 @@ from scheduler.config import Config
 from scheduler.errors import Unavailable
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.session import open_stores
+from tests.services import private_stack_settings
 from tests.services import test_config as isolated_config
 from tests.tls import self_signed
 from worker.config import WorkerConfig
@@ -60,19 +61,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     wrong_ca, _ = self_signed(tls, "other")
     keystore = tls / "server.pem"  # key and certificate in one PEM, as both servers read it
     keystore.write_bytes(key.read_bytes() + cert.read_bytes())
-    base = LocalSettings.from_env()
-    if (base.home / "lib").is_dir():
-        (home / "lib").symlink_to(base.home / "lib")
+    settings = private_stack_settings(home)
     secure_port = _free_port()
-    settings = dataclasses.replace(
-        base,
-        home=home,
-        cql_port=_free_port(),
-        storage_port=_free_port(),
-        jmx_port=0,
-        kafka_port=_free_port(),
-        kafka_controller_port=_free_port(),
-    )
     settings = dataclasses.replace(
         settings,
         cassandra_extra_yaml=(
