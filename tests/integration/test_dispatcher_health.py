@@ -61,14 +61,22 @@ class _Proxy:
 
     def open(self) -> None:
         listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen()
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.port))
+            listener.listen()
+        except OSError:
+            listener.close()
+            raise
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def cut(self) -> None:
         if self._listener is not None:
+            # Closing alone does not wake the thread blocked in accept(), which keeps the
+            # port listening; shutting the socket down does.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
             self._listener = None
         with self._lock:
