@@ -1,24 +1,33 @@
 """A dispatcher's gRPC health (CRONSCALE_HEALTH_LISTEN) against the real Cassandra and Kafka:
 NOT_SERVING while it waits for Kafka at start, SERVING once both answer, NOT_SERVING with the
 reason in its log while Cassandra is out of reach (its connection runs through a proxy the test
-cuts), and SERVING again by itself when Cassandra is back (issue 7, services down)."""
+cuts) or while Kafka is down (a private Kafka, SIGKILLed and started again), and SERVING again
+by itself when the service is back (issue 7, services down)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import os
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ops.local import down, up
+from ops.local import process as local_process
+from ops.migrate import migrate
 from scheduler.config import Config
 from scheduler.dispatcher.service import run_dispatcher
+from tests.services import private_stack_settings
+from tests.services import test_config as isolated_config
 
 
 def _free_port() -> int:
@@ -160,3 +169,48 @@ async def test_a_dispatcher_is_not_serving_while_cassandra_is_out_of_reach(
 
 async def _health_is(listen: str, status: str) -> bool:
     return await _health(listen) == status
+
+
+@pytest.mark.timeout(240)
+async def test_a_dispatcher_is_not_serving_while_kafka_is_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kafka itself goes away (SIGKILL of a private Kafka, which is then started again): the
+    dispatcher's probe finds it within seconds and says so, and it serves again by itself."""
+    settings = private_stack_settings(tmp_path / "stack")
+    await asyncio.to_thread(up, settings, lambda _line: None)
+    try:
+        config = isolated_config(
+            cassandra_port=settings.cql_port,
+            kafka_bootstrap=f"{settings.host}:{settings.kafka_port}",
+            health_listen=f"127.0.0.1:{_free_port()}",
+        )
+        await asyncio.to_thread(migrate, config, lambda _line: None)
+        stop = asyncio.Event()
+        dispatcher = asyncio.create_task(run_dispatcher(config, stop))
+        try:
+            await _until(
+                lambda: _health_is(config.health_listen, "SERVING"), 60, "SERVING at first"
+            )
+            record = local_process.read_pid_file(settings.pid_file("kafka"))
+            assert record is not None
+            os.kill(record.pid, signal.SIGKILL)
+            await _until(lambda: _health_is(config.health_listen, "NOT_SERVING"), 30, "NOT_SERVING")
+            assert "not serving: Kafka does not answer" in caplog.text
+            await _until(
+                lambda: (
+                    not any(
+                        local_process.port_in_use(settings.host, s.port)
+                        for s in settings.ports("kafka")
+                    )
+                ),
+                60,
+                "Kafka's ports to be released",
+            )
+            await asyncio.to_thread(up, settings, lambda _line: None)
+            await _until(lambda: _health_is(config.health_listen, "SERVING"), 60, "SERVING again")
+        finally:
+            stop.set()
+            await asyncio.wait_for(dispatcher, 30)
+    finally:
+        await asyncio.to_thread(down, settings, lambda _line: None)
