@@ -9,7 +9,9 @@ import socket
 import uuid
 from pathlib import Path
 
+import grpc.aio
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ops.local import LocalSettings
 from scheduler.config import Config
@@ -76,3 +78,12 @@ def private_stack_settings(home: Path, **overrides: object) -> LocalSettings:
         kafka_controller_port=ports[3],
     )
     return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
+
+
+async def health_status(listen: str) -> str:
+    """What a gRPC health check at ``listen`` answers for the whole server (``SERVING``...)."""
+    async with grpc.aio.insecure_channel(listen) as channel:
+        resp = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import grpc.aio
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ops.local import down, up
 from ops.local import process as local_process
 from ops.migrate import migrate
 from scheduler.config import Config
 from scheduler.dispatcher.service import run_dispatcher
-from tests.services import private_stack_settings
+from tests.services import health_status, private_stack_settings
 from tests.services import test_config as isolated_config
 
 
@@ -34,14 +33,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def _health(listen: str) -> str:
-    async with grpc.aio.insecure_channel(listen) as channel:
-        resp = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=5
-        )
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
 
 
 async def _until(check: Callable[[], object], within: float, what: str) -> None:
@@ -128,7 +119,7 @@ async def test_a_dispatcher_waiting_for_kafka_is_not_serving(migrated: Config) -
     try:
         await _until(lambda: _answers(config.health_listen), 20, "the health service")
         await asyncio.sleep(2)
-        assert await _health(config.health_listen) == "NOT_SERVING"
+        assert await health_status(config.health_listen) == "NOT_SERVING"
     finally:
         stop.set()
         await asyncio.wait_for(dispatcher, 15)
@@ -136,7 +127,7 @@ async def test_a_dispatcher_waiting_for_kafka_is_not_serving(migrated: Config) -
 
 async def _answers(listen: str) -> bool:
     try:
-        await _health(listen)
+        await health_status(listen)
     except grpc.aio.AioRpcError:
         return False
     return True
@@ -168,7 +159,7 @@ async def test_a_dispatcher_is_not_serving_while_cassandra_is_out_of_reach(
 
 
 async def _health_is(listen: str, status: str) -> bool:
-    return await _health(listen) == status
+    return await health_status(listen) == status
 
 
 @pytest.mark.timeout(240)

@@ -25,12 +25,12 @@ import grpc.aio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from cronscale.v1 import run_message_pb2
 from cronscale.v1 import run_reporting_service_pb2 as pb
 from cronscale.v1 import run_reporting_service_pb2_grpc as pb_grpc
+from tests.services import health_status
 from worker.builtin import register_builtins
 from worker.config import WorkerConfig
 from worker.handlers import HandlerContext, HandlerRegistry
@@ -230,15 +230,6 @@ def _gauge(name: str, tier: str) -> float | None:
     return REGISTRY.get_sample_value(name, {"tier": tier})
 
 
-async def _health(listen: str) -> str:
-    """What a gRPC health check at ``listen`` answers for the whole server."""
-    async with grpc.aio.insecure_channel(listen) as channel:
-        resp = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=5
-        )
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
-
-
 def _nonempty(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     return {tp: o for tp, o in offsets.items() if o > 0}
 
@@ -319,7 +310,7 @@ async def test_outcomes_wait_for_the_api_and_offsets_wait_for_the_ack(
         await _until(
             lambda: all(recorder.kinds(r) == ["STARTED"] for r in run_ids), 60, "3 STARTED events"
         )
-        assert await _health(config.health_listen) == "SERVING"
+        assert await health_status(config.health_listen) == "SERVING"
         # The API goes away while the handlers are still running.
         await server.stop(None)
         await _until(lambda: len(finished) == 3, 10, "the slow handlers to finish")
@@ -329,13 +320,13 @@ async def test_outcomes_wait_for_the_api_and_offsets_wait_for_the_ack(
         assert not recorder.finished()
         assert "retrying" in caplog.text
         assert _gauge("cronscale_worker_api_up", config.tier) == 0
-        assert await _health(config.health_listen) == "NOT_SERVING"
+        assert await health_status(config.health_listen) == "NOT_SERVING"
         assert f"not serving: API: {config.api_target} does not take run reports" in caplog.text
 
         server = await _serve(recorder, port)
         await _until(lambda: recorder.finished() == set(run_ids), 20, "the retried outcomes")
         assert _gauge("cronscale_worker_api_up", config.tier) == 1
-        assert await _health(config.health_listen) == "SERVING"
+        assert await health_status(config.health_listen) == "SERVING"
         assert "serving again" in caplog.text
         await _until(lambda: _committed_equals_end(config), 15, "offsets committed after the ack")
     finally:
@@ -747,7 +738,7 @@ async def test_kafka_out_of_reach_at_start_is_retried_said_and_measured(
         )
         assert _gauge("cronscale_worker_kafka_up", config.tier) == 0
         assert "retrying in" in caplog.text
-        assert await _health(config.health_listen) == "NOT_SERVING"
+        assert await health_status(config.health_listen) == "NOT_SERVING"
         assert f"not serving: Kafka: cannot reach {config.kafka_bootstrap}" in caplog.text
     finally:
         stop.set()
