@@ -276,9 +276,13 @@ class KafkaRunConsumer:
             self._finish(tp, offset, work, release), name=f"run {tp.topic}[{tp.partition}]@{offset}"
         )
         self._tasks[task] = tp
-        task.add_done_callback(lambda _: release())
-        task.add_done_callback(lambda _: self._running.discard((tp, offset)))
-        task.add_done_callback(self._task_done)
+
+        def done(task: asyncio.Task[None]) -> None:
+            release()
+            self._running.discard((tp, offset))
+            self._task_done(task)
+
+        task.add_done_callback(done)
 
     async def _finish(
         self,

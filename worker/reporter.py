@@ -151,6 +151,14 @@ class RunReporter:
         Cancelling the caller does not withdraw the event: it is still sent.
         Raises :class:`ReportRejected` if the API refuses the event as invalid.
         """
+        return await self.submit(event)
+
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
+        """Queues ``event`` now; the future resolves with the API's ack (as :meth:`report`).
+
+        For events nobody waits on at once (a STARTED, a heartbeat): no task per event.
+        Cancelling the future does not withdraw the event: it is still sent.
+        """
         if self._task is None or self._closing:
             raise RuntimeError("the reporter is not running")
         if event.kind in _OUTCOMES:
@@ -162,7 +170,7 @@ class RunReporter:
                 start.event = merged
                 mine: asyncio.Future[pb.RunEventAck] = asyncio.get_running_loop().create_future()
                 start.merged.append(mine)
-                return await mine
+                return mine
         pending = _Pending(event)
         if event.kind == pb.RUN_EVENT_KIND_STARTED:
             self._unsent_starts[_run_key(event)] = pending
@@ -170,8 +178,7 @@ class RunReporter:
         self._wakeup.set()
         if len(self._queue) >= self._max_batch:
             self._full.set()
-        # Cancelling this await cancels only the future; the event stays queued and is sent.
-        return await pending.future
+        return pending.future
 
     async def close(self, drain_seconds: float = 5.0) -> None:
         """Sends what is queued (waiting at most ``drain_seconds``), then closes the channel.

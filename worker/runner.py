@@ -39,8 +39,9 @@ CANCEL_GRACE = 5.0
 class EventReporter(Protocol):
     """Where run events go (:class:`worker.reporter.RunReporter` in production)."""
 
-    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
-        """Delivers ``event``; returns once the API acknowledged it."""
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
+        """Queues ``event`` for delivery; the future resolves once the API acknowledged it.
+        Cancelling the future does not withdraw the event."""
         ...
 
 
@@ -77,6 +78,8 @@ class _RunState:
         # the retry-steering errors (worker.errors.NonRetryable, RetryAfter).
         self.timed_out = False
         self.raised: BaseException | None = None
+        # What every event of the run carries (ids, times), built once and copied per event.
+        self.event_base: pb.RunEvent | None = None
 
     def request_cancel(self) -> None:
         self.cancel_requested = True
@@ -107,7 +110,6 @@ class Runner:
         self._tier = tier
         self._default_timeout = default_timeout
         self._heartbeat_interval = heartbeat_interval
-        self._background: set[asyncio.Future[pb.RunEventAck]] = set()
         # Runs whose handler is running, for the one heartbeat ticker they share (a task and
         # a timer per run cost more than most handlers).
         self._live: dict[_RunState, RunTask] = {}
@@ -157,7 +159,9 @@ class Runner:
         # reporter merges them). An operator's cancel comes back on the STARTED ack (or a later
         # heartbeat's) and stops the handler; one seen before the handler began skips it.
         if check_done:
-            ack = await self._report(task, pb.RUN_EVENT_KIND_STARTED, at=started_at, check=True)
+            ack = await self._report(
+                task, pb.RUN_EVENT_KIND_STARTED, state, at=started_at, check=True
+            )
             if ack.done:
                 if on_handler_done is not None:
                     on_handler_done()
@@ -185,7 +189,6 @@ class Runner:
         self._started.inc()
         self._start_lag.observe(max(lag, 0.0))
         try:
-            await asyncio.sleep(0)  # let the STARTED event reach the reporter first
             try:
                 fn = self._registry.get(task.handler, self.threads)
             except UnknownHandler as e:
@@ -223,6 +226,7 @@ class Runner:
             else pb.RUN_EVENT_KIND_TIMED_OUT
             if state.timed_out
             else pb.RUN_EVENT_KIND_FAILED,
+            state,
             error=error[:MAX_ERROR_CHARS],
             raised=state.raised,
         )
@@ -261,7 +265,7 @@ class Runner:
 
     async def refuse(self, task: RunTask, error: str) -> None:
         """Reports ``task`` as FAILED with ``error`` without running it (e.g. a newer layout)."""
-        await self._report(task, pb.RUN_EVENT_KIND_FAILED, error=error[:MAX_ERROR_CHARS])
+        await self._report(task, pb.RUN_EVENT_KIND_FAILED, None, error=error[:MAX_ERROR_CHARS])
         self._failed.inc()
         logger.warning("run %s FAILED without running: %s", task.run_id, error, extra=_ids(task))
 
@@ -294,7 +298,7 @@ class Runner:
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.create_task(self._heartbeats(), name="run-heartbeats")
         try:
-            done, _ = await asyncio.wait({handler_task}, timeout=timeout)
+            done = await _ended_within(handler_task, timeout)
         finally:
             self._live.pop(state, None)
             if not handler_task.done():
@@ -352,14 +356,21 @@ class Runner:
         state: _RunState,
         at: datetime | None = None,
     ) -> asyncio.Future[pb.RunEventAck]:
-        """Reports an event without waiting for it; a cancel request on its ack is applied."""
-        sent = asyncio.ensure_future(self._report(task, kind, at=at))
-        # The event is delivered even if nobody waits for it: keep a reference until then.
-        self._background.add(sent)
-        sent.add_done_callback(self._forget)
+        """Reports an event without waiting for it (no task: the reporter's future); a cancel
+        request on its ack is applied."""
+        sent = self._reporter.submit(self._event(task, kind, state, at=at))
 
         def on_ack(f: asyncio.Future[pb.RunEventAck]) -> None:
-            if not f.cancelled() and f.exception() is None and f.result().cancel_requested:
+            if f.cancelled():
+                return
+            error = f.exception()
+            if error is not None:
+                logger.warning(
+                    "a %s event was not delivered: %s", pb.RunEventKind.Name(kind), error
+                )
+                return
+            self._health.up(API)
+            if f.result().cancel_requested:
                 if not state.cancel_requested:
                     logger.info(
                         "run %s: an operator asked to cancel it", task.run_id, extra=_ids(task)
@@ -369,45 +380,88 @@ class Runner:
         sent.add_done_callback(on_ack)
         return sent
 
-    def _forget(self, future: asyncio.Future[pb.RunEventAck]) -> None:
-        self._background.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            logger.warning("a heartbeat was not delivered: %s", future.exception())
-
     async def _report(
         self,
         task: RunTask,
         kind: pb.RunEventKind.ValueType,
+        state: _RunState | None,
         *,
         error: str = "",
         at: datetime | None = None,
         raised: BaseException | None = None,
         check: bool = False,
     ) -> pb.RunEventAck:
-        event = pb.RunEvent(
-            kind=kind,
-            run_id=task.run_id,
-            schedule_id=task.schedule_id,
-            attempt=task.attempt,
-            worker_id=self._worker_id,
-            error=error,
-            follow_up=task.follow_up,
-            check_done=check,
-        )
+        event = self._event(task, kind, state, error=error, at=at, raised=raised, check=check)
+        ack = await self._reporter.submit(event)
+        self._health.up(API)
+        return ack
+
+    def _event(
+        self,
+        task: RunTask,
+        kind: pb.RunEventKind.ValueType,
+        state: _RunState | None,
+        *,
+        error: str = "",
+        at: datetime | None = None,
+        raised: BaseException | None = None,
+        check: bool = False,
+    ) -> pb.RunEvent:
+        """An event of ``task``'s run: its ids and times come from the run's base event (built
+        on the run's first event, then copied)."""
+        base = state.event_base if state is not None else None
+        if base is None:
+            base = pb.RunEvent(
+                run_id=task.run_id,
+                schedule_id=task.schedule_id,
+                attempt=task.attempt,
+                worker_id=self._worker_id,
+                follow_up=task.follow_up,
+            )
+            base.scheduled_for.FromDatetime(task.scheduled_for)
+            if task.enqueue_time is not None:
+                base.enqueue_time.FromDatetime(task.enqueue_time)
+            if task.lease_expire_time is not None:
+                base.lease_expire_time.FromDatetime(task.lease_expire_time)
+            if state is not None:
+                state.event_base = base
+        event = pb.RunEvent()
+        event.CopyFrom(base)
+        event.kind = kind
+        if error:
+            event.error = error
+        if check:
+            event.check_done = True
         if kind == pb.RUN_EVENT_KIND_FAILED:
             # The handler steers its retries: none left, or its own wait.
             event.non_retryable = isinstance(raised, NonRetryable)
             if isinstance(raised, RetryAfter):
                 event.retry_after.FromTimedelta(timedelta(seconds=max(raised.seconds, 0.0)))
-        event.scheduled_for.FromDatetime(task.scheduled_for)
         event.event_time.FromDatetime(at or datetime.now(UTC))
-        if task.enqueue_time is not None:
-            event.enqueue_time.FromDatetime(task.enqueue_time)
-        if task.lease_expire_time is not None:
-            event.lease_expire_time.FromDatetime(task.lease_expire_time)
-        ack = await self._reporter.report(event)
-        self._health.up(API)
-        return ack
+        return event
+
+
+async def _ended_within(task: asyncio.Future[object], seconds: float) -> bool:
+    """Whether ``task`` ended within ``seconds`` (``asyncio.wait`` for one task, at a
+    fraction of its cost). Cancelling the caller leaves ``task`` running."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[bool] = loop.create_future()
+
+    def ended(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(True)
+
+    def late() -> None:
+        if not waiter.done():
+            waiter.set_result(False)
+
+    task.add_done_callback(ended)
+    timer = loop.call_later(seconds, late)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+        task.remove_done_callback(ended)
 
 
 def _ids(task: RunTask) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from cronscale.v1 import run_reporting_service_pb2 as pb
+from tests.fake_reports import acked
 from worker import builtin
 from worker.config import HttpAllow
 from worker.errors import HandlerFailed
@@ -478,8 +479,8 @@ async def test_http_unreachable_and_bad_payloads() -> None:
 
 
 class _Reporter:
-    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
-        return pb.RunEventAck(run_id=event.run_id)
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
+        return acked(pb.RunEventAck(run_id=event.run_id))
 
 
 async def test_credentials_and_queries_never_reach_logs_or_errors(
@@ -613,8 +614,8 @@ async def test_http_requests_past_their_deadline_do_not_use_up_the_threads(
 
 
 class _Acks:
-    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
-        return pb.RunEventAck(run_id=event.run_id)
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
+        return acked(pb.RunEventAck(run_id=event.run_id))
 
 
 def _task(run_id: str, payload: dict[str, Any], max_runtime: float) -> RunTask:

@@ -164,3 +164,23 @@ async def test_a_started_already_sent_is_not_merged(api: tuple[Recorder, int]) -
         ("r2", pb.RUN_EVENT_KIND_STARTED, False),
         ("r2", pb.RUN_EVENT_KIND_FAILED, False),
     ]
+
+
+async def test_a_submitted_event_goes_out_even_when_its_future_is_cancelled(
+    api: tuple[Recorder, int],
+) -> None:
+    """submit() queues at once (no task): the event is sent whether or not anybody waits, and
+    an outcome submitted after its STARTED still rides in the STARTED's place."""
+    recorder, port = api
+    async with RunReporter(f"127.0.0.1:{port}") as reporter:
+        started = reporter.submit(event("r1"))
+        dropped = reporter.submit(event("r2"))
+        dropped.cancel()
+        outcome = reporter.submit(event("r1", pb.RUN_EVENT_KIND_SUCCEEDED))
+        assert (await outcome).run_id == "r1"
+        assert (await started).run_id == "r1"
+    sent = [(e.run_id, e.kind, e.HasField("start_time")) for b in recorder.batches for e in b]
+    assert sent == [
+        ("r1", pb.RUN_EVENT_KIND_SUCCEEDED, True),
+        ("r2", pb.RUN_EVENT_KIND_STARTED, False),
+    ]

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronscale.v1 import run_reporting_service_pb2 as pb
+from tests.fake_reports import acked
 from worker import builtin
 from worker.errors import NonRetryable, RetryAfter
 from worker.handlers import HandlerContext, HandlerRegistry
@@ -23,9 +24,11 @@ class RecordingReporter:
         self.events: list[pb.RunEvent] = []
         self.cancel: set[str] = set()
 
-    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
         self.events.append(event)
-        return pb.RunEventAck(run_id=event.run_id, cancel_requested=event.run_id in self.cancel)
+        return acked(
+            pb.RunEventAck(run_id=event.run_id, cancel_requested=event.run_id in self.cancel)
+        )
 
     def kinds(self) -> list[str]:
         return [pb.RunEventKind.Name(e.kind).removeprefix("RUN_EVENT_KIND_") for e in self.events]

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cronscale.v1 import run_reporting_service_pb2 as pb
+from tests.fake_reports import acked
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.messages import RunTask
 from worker.runner import Runner
@@ -19,9 +20,9 @@ class Reporter:
     def __init__(self) -> None:
         self.events: list[pb.RunEvent] = []
 
-    async def report(self, event: pb.RunEvent) -> pb.RunEventAck:
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
         self.events.append(event)
-        return pb.RunEventAck(run_id=event.run_id)
+        return acked(pb.RunEventAck(run_id=event.run_id))
 
     def outcome(self, run_id: str) -> str:
         kinds = [e.kind for e in self.events if e.run_id == run_id]
