@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from bucketer.cql import TRANSIENT_STORAGE_ERRORS
 from bucketer.model import Timer, micros
@@ -89,16 +88,11 @@ from scheduler.timers import (
     LeaseTimer,
     RunTimer,
 )
+from worker.timestamps import set_timestamp
 
 logger = logging.getLogger(__name__)
 
 _MS = timedelta(milliseconds=1)
-
-
-def _ts(t: datetime) -> Timestamp:
-    ts = Timestamp()
-    ts.FromDatetime(t.astimezone(UTC))
-    return ts
 
 
 @dataclass
@@ -737,11 +731,11 @@ class Firing:
                 else run_message_pb2.FOLLOW_UP_NONE
             ),
         )
-        m.scheduled_for.CopyFrom(_ts(run.scheduled_for))
+        set_timestamp(m.scheduled_for, run.scheduled_for)
         assert run.enqueue_time is not None
-        m.enqueue_time.CopyFrom(_ts(run.enqueue_time))
+        set_timestamp(m.enqueue_time, run.enqueue_time)
         if lease_at is not None:
-            m.lease_expire_time.CopyFrom(_ts(lease_at))
+            set_timestamp(m.lease_expire_time, lease_at)
         if s.max_runtime:
             m.max_runtime.FromTimedelta(s.max_runtime)
         return m

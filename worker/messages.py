@@ -7,12 +7,13 @@ The protobuf ``cronscale.v1.RunMessage`` stops here; the rest of the worker sees
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from google.protobuf.message import DecodeError
 
 from cronscale.v1 import run_message_pb2
 from worker.errors import MessageDecodeError, UnsupportedMessageVersion
+from worker.timestamps import from_timestamp
 
 SCHEMA_VERSION = 1
 """The newest ``RunMessage.schema_version`` this worker understands."""
@@ -77,15 +78,13 @@ def _to_task(msg: run_message_pb2.RunMessage) -> RunTask:
         tenant=msg.tenant,
         handler=msg.handler,
         payload=msg.payload,
-        scheduled_for=msg.scheduled_for.ToDatetime(tzinfo=UTC),
-        enqueue_time=msg.enqueue_time.ToDatetime(tzinfo=UTC)
-        if msg.HasField("enqueue_time")
-        else None,
+        scheduled_for=from_timestamp(msg.scheduled_for),
+        enqueue_time=from_timestamp(msg.enqueue_time) if msg.HasField("enqueue_time") else None,
         attempt=msg.attempt,
         manual=msg.manual,
         max_runtime=max_runtime if max_runtime > 0 else None,
         follow_up=msg.follow_up,
-        lease_expire_time=msg.lease_expire_time.ToDatetime(tzinfo=UTC)
+        lease_expire_time=from_timestamp(msg.lease_expire_time)
         if msg.HasField("lease_expire_time")
         else None,
         # 0 is proto3's "unset": a producer that predates versioning wrote the first layout.

@@ -21,6 +21,7 @@ from worker.handlers import HandlerContext, HandlerRegistry
 from worker.health import API, WorkerHealth
 from worker.messages import RunTask
 from worker.threads import SyncThreads
+from worker.timestamps import set_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -418,11 +419,11 @@ class Runner:
                 worker_id=self._worker_id,
                 follow_up=task.follow_up,
             )
-            base.scheduled_for.FromDatetime(task.scheduled_for)
+            set_timestamp(base.scheduled_for, task.scheduled_for)
             if task.enqueue_time is not None:
-                base.enqueue_time.FromDatetime(task.enqueue_time)
+                set_timestamp(base.enqueue_time, task.enqueue_time)
             if task.lease_expire_time is not None:
-                base.lease_expire_time.FromDatetime(task.lease_expire_time)
+                set_timestamp(base.lease_expire_time, task.lease_expire_time)
             if state is not None:
                 state.event_base = base
         event = pb.RunEvent()
@@ -437,7 +438,7 @@ class Runner:
             event.non_retryable = isinstance(raised, NonRetryable)
             if isinstance(raised, RetryAfter):
                 event.retry_after.FromTimedelta(timedelta(seconds=max(raised.seconds, 0.0)))
-        event.event_time.FromDatetime(at or datetime.now(UTC))
+        set_timestamp(event.event_time, at or datetime.now(UTC))
         return event
 
 

@@ -28,6 +28,7 @@ from scheduler.model import (
     SpecKind,
 )
 from scheduler.timespec import GapPolicy, OverlapPolicy
+from worker.timestamps import from_timestamp
 
 _STATE = {
     ScheduleState.ACTIVE: schedule_pb2.SCHEDULE_STATE_ACTIVE,
@@ -274,7 +275,7 @@ def ts(t: datetime | None) -> Timestamp | None:
 def from_ts(t: Timestamp) -> datetime:
     """An instant from the wire, truncated to the millisecond: Cassandra keeps milliseconds,
     and run ids name the slot to the millisecond."""
-    dt = t.ToDatetime(tzinfo=UTC)
+    dt = from_timestamp(t)
     return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
 
 
