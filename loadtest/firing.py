@@ -100,6 +100,85 @@ SHAPES = {
     # Every schedule at second 0 of every minute: a :00 herd each minute.
     "herd": ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
 }
+# The --stored schedules: stored and live, due once a year (Jan 1 00:00 UTC), so never in a run.
+STORED = ScheduleSpec(kind=SpecKind.CRON, cron="0 0 1 1 *")
+STORED_CHUNK = 5000
+STORED_IN_FLIGHT = 4
+
+
+async def register_stored(config: Config, count: int) -> float:
+    """Imports ``count`` schedules (and their first timers) that do not fire during the run,
+    like :func:`register` but kept nowhere (10 million would not fit in this process);
+    returns schedules/s. Chunks go in ``STORED_IN_FLIGHT`` at a time."""
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
+    try:
+        schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
+        timers = CassandraTimerStore(
+            session, keyspace=config.keyspace, shard_count=config.shard_count
+        )
+        now = datetime.now(UTC)
+        started = time.perf_counter()
+        gate = asyncio.Semaphore(STORED_IN_FLIGHT)
+
+        async def chunk(n: int) -> None:
+            rows, fires = [], []
+            for _ in range(n):
+                s = Schedule(
+                    schedule_id=f"stored-{uuid.uuid4().hex[:16]}",
+                    handler="loadtest.tally",
+                    spec=STORED,
+                    generation=new_generation(),
+                    create_time=now,
+                    update_time=now,
+                )
+                slot = next_slot(s, now)
+                assert slot is not None
+                rows.append(replace(s, next_fire_time=slot.at))
+                fires.append(
+                    FireTimer(
+                        schedule_id=s.schedule_id,
+                        generation=s.generation,
+                        slot=slot.slot,
+                        scheduled_for=slot.at,
+                    ).to_timer(config.shard_count)
+                )
+            async with gate:
+                await timers.put(fires, now=now)
+                await schedules.import_many(rows)
+
+        done = 0
+        step = STORED_CHUNK * STORED_IN_FLIGHT * 10
+        for start in range(0, count, step):
+            n = min(step, count - start)
+            await asyncio.gather(
+                *(chunk(min(STORED_CHUNK, n - i)) for i in range(0, n, STORED_CHUNK))
+            )
+            done += n
+            rate = done / (time.perf_counter() - started)
+            print(f"  stored {done:,} of {count:,} ({rate:,.0f}/s)", flush=True)
+        return count / (time.perf_counter() - started)
+    finally:
+        session.cluster.shutdown()
+
+
+def _keyspace_bytes(settings: LocalSettings, keyspace: str) -> int:
+    """Bytes on disk of ``keyspace``'s tables in the local Cassandra (SSTables, indexes;
+    what its memtables hold is not counted)."""
+    folder = settings.home / "cassandra" / "data" / "data" / keyspace
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _rss_mib(pid: int) -> float:
+    """Resident memory of a live process, MiB (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list[Schedule], float]:
@@ -196,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--drain", type=float, default=30.0, help="seconds to wait for the window's last runs"
     )
+    p.add_argument(
+        "--stored",
+        type=int,
+        default=0,
+        help="more schedules stored beside the firing ones, due once a year (not in the run): "
+        "the firing cost and lag among 10 million stored schedules",
+    )
     args = p.parse_args(argv)
 
     token = uuid.uuid4().hex[:8]
@@ -213,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     migrate(config, out=lambda _line: None)
     schedules, reg_rate = asyncio.run(register(config, args.rate, SHAPES[args.shape]))
     print(f"registered {len(schedules)} schedules at {reg_rate:,.0f}/s (direct import)")
+    stored_rate = asyncio.run(register_stored(config, args.stored)) if args.stored else 0.0
 
     env = {
         **os.environ,
@@ -287,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append((time.time(), {n: cpu_seconds(pid) for n, pid in pids.items()}))
         wall = time.monotonic() - wall0
         cpu1 = {n: cpu_seconds(pid) for n, pid in pids.items()}
+        rss = {n: _rss_mib(pid) for n, pid in pids.items()}
         fired = (
             sum(
                 _scrape(metric_ports[n], "cronscale_runs_enqueued_total")
@@ -301,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         while lost and time.monotonic() < deadline:
             time.sleep(2)
             expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
+        disk = _keyspace_bytes(settings, config.keyspace) if args.stored else 0
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
@@ -342,6 +431,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{max(lags, default=float('nan')):.3f} s, mean "
         f"{statistics.fmean(lags) if lags else float('nan'):.3f} s",
         f"- registration (direct import): {reg_rate:,.0f} schedules/s",
+        *(
+            [
+                f"- stored beside them: {args.stored:,} schedules due once a year "
+                f"(imported at {stored_rate:,.0f}/s); the keyspace's SSTables take "
+                f"{disk / 2**30:.2f} GiB",
+            ]
+            if args.stored
+            else []
+        ),
+        "- resident memory at the window's end: "
+        + ", ".join(f"{n} {rss[n]:,.0f} MiB" for n in sorted(rss)),
         f"- the measured processes kept {busy:.0%} of one core busy on average",
         "",
         "| process | CPU s | CPU ms per firing |",
@@ -378,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_ms_per_firing": per_firing,
             "cpu_ms_per_firing_total": sum(per_firing.values()),
             "registration_per_s": reg_rate,
+            "stored": args.stored,
+            "stored_disk_bytes": disk,
+            "rss_mib": rss,
         },
         timeline,
         samples,
