@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -125,7 +125,13 @@ class WheelScanner:
         is_transient: Callable[[BaseException], bool] | None = None,
         may_fire: Callable[[int], bool] | None = None,
         lanes: Lanes | None = None,
+        ahead: Mapping[str, timedelta] | None = None,
     ) -> None:
+        # How long before its fire time a timer of a kind is handed (the dispatcher's
+        # fire-ahead); other kinds at their time. Within the lookahead, so it has been read.
+        self._ahead = {k: v for k, v in (ahead or {}).items() if v > timedelta(0)}
+        if any(v > lookahead for v in self._ahead.values()):
+            raise ValueError(f"handing timers ahead by more than the lookahead ({lookahead})")
         self._coalesce = coalesce.total_seconds()
         self._busy_coalesce = busy_coalesce.total_seconds()
         self._busy_round = busy_round
@@ -238,22 +244,52 @@ class WheelScanner:
         if self._backlog:
             return  # due timers were left for the next round: it starts now
         wait = next_read - time.monotonic()
-        earliest = min(
-            (t.fire_time for p in self.shards.values() for t in p.pending.values()), default=None
+        now = self._clock()
+        # Timers due within the coalescing window of each other go out as one batch: one
+        # schedule read, one write round and one produce for all of them, not one per timer.
+        # At rest the window is short (a lone firing waits at most 25 ms); once a round
+        # carries ``busy_round`` timers it widens, so batches grow with the load instead of
+        # their number (at 1,000 firings/s: rounds of ~100, not ~25, for 12 % less CPU per
+        # firing over every process, loadtest/README.md).
+        # A kind handed ahead needs no window: its round holds until its last timer's time,
+        # and gathers what comes due meanwhile; waiting a window after that would hand the
+        # next timers late.
+        plain = min(
+            (
+                t.fire_time
+                for p in self.shards.values()
+                for t in p.pending.values()
+                if t.kind not in self._ahead
+            ),
+            default=None,
         )
-        if earliest is not None:
-            # Timers due within the coalescing window of each other go out as one batch: one
-            # schedule read, one write round and one produce for all of them, not one per
-            # timer. At rest the window is short (a lone firing waits at most 25 ms); once a
-            # round carries ``busy_round`` timers it widens, so batches grow with the load
-            # instead of their number (at 1,000 firings/s: rounds of ~100, not ~25, for
-            # 12 % less CPU per firing over every process, loadtest/README.md).
-            due_in = max((earliest - self._clock()).total_seconds(), self.coalescing_window())
-            wait = min(wait, due_in)
+        if plain is not None:
+            wait = min(wait, max((plain - now).total_seconds(), self.coalescing_window()))
+        if self._ahead:
+            early = min(
+                (
+                    self._hand_at(t)
+                    for p in self.shards.values()
+                    for t in p.pending.values()
+                    if t.kind in self._ahead
+                ),
+                default=None,
+            )
+            if early is not None:
+                # No pause after a round that handed something; after one that handed nothing
+                # (a shard whose lease cannot be proven keeps its timers), the short window,
+                # so the loop does not spin.
+                floor = 0.0 if self._last_round else self._coalesce
+                wait = min(wait, max((early - now).total_seconds(), floor))
         self._wake.clear()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _hand_at(self, t: Timer) -> datetime:
+        """When ``t`` is handed: its fire time, less its kind's fire-ahead."""
+        ahead = self._ahead.get(t.kind)
+        return t.fire_time - ahead if ahead is not None else t.fire_time
 
     def coalescing_window(self) -> float:
         """Seconds the next round waits at least after this one (see ``_sleep``)."""
@@ -340,12 +376,14 @@ class WheelScanner:
         the round stops and the timers are tried again next tick.
         """
         now = self._clock()
+        # A kind handed ahead is due that much earlier.
+        due_by = {kind: now + ahead for kind, ahead in self._ahead.items()}
         due = sorted(
             (
                 _marked(t, p.takeover_until)
                 for p in self.shards.values()
                 for t in p.pending.values()
-                if t.fire_time <= now
+                if t.fire_time <= due_by.get(t.kind, now)
             ),
             key=lambda t: t.position,
         )

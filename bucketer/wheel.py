@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from bucketer.cassandra import CassandraTimerStore
@@ -32,6 +32,7 @@ class TimerWheel:
         on_poison: OnPoison | None = None,
         is_transient: Callable[[BaseException], bool] | None = None,
         lanes: Lanes | None = None,
+        ahead: Mapping[str, timedelta] | None = None,
     ) -> None:
         self.ownership: ShardOwnership
         self.scanner = WheelScanner(
@@ -43,6 +44,7 @@ class TimerWheel:
             is_transient=is_transient,
             may_fire=lambda shard: self.ownership.may_fire(shard),
             lanes=lanes,
+            ahead=ahead,
         )
         self.ownership = ShardOwnership(
             store,

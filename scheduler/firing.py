@@ -93,6 +93,9 @@ from worker.timestamps import set_timestamp
 logger = logging.getLogger(__name__)
 
 _MS = timedelta(milliseconds=1)
+# Fire-ahead: messages due within this of each other are produced together (at the last one's
+# time), so a batch of spread slots is a few produce calls, not one per slot.
+RELEASE_SLICE = timedelta(milliseconds=10)
 
 
 @dataclass
@@ -378,9 +381,12 @@ class Firing:
         misfire_threshold: timedelta = MISFIRE_THRESHOLD,
         start_lease: timedelta = START_LEASE,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
+        fire_ahead: timedelta = timedelta(0),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._misfire_threshold = misfire_threshold
+        # The scanner hands fire timers up to this early; their messages wait for their time.
+        self._fire_ahead = fire_ahead.total_seconds()
         self._start_lease = start_lease
         self._leases = LeaseCheck(
             runs=runs,
@@ -696,20 +702,58 @@ class Firing:
         # enqueue time), so which lands first does not matter; if either fails the batch is
         # fired again, with the same run ids.
         # Each tenant's runs go to its tier's topic, so workers can be dedicated per tier.
-        by_topic: dict[str, list[run_message_pb2.RunMessage]] = {}
+        by_topic: dict[str, list[tuple[datetime, run_message_pb2.RunMessage]]] = {}
         for s, r in plan.enqueue:
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
             lease = None if r.run_id in plan.carried else lease_at
-            by_topic.setdefault(self._topic(tier), []).append(self._message(s, r, lease))
+            release = r.scheduled_for + r.deferred if r.deferred else r.scheduled_for
+            by_topic.setdefault(self._topic(tier), []).append((release, self._message(s, r, lease)))
+
+        async def write() -> None:
+            await self._runs.write(items)
+            # A next timer already due (the slot fired late) was written at `stamped`: if
+            # this took longer than the scanners' grace allows, a checkpoint may have passed
+            # that instant before the row landed and the schedule's chain would end there
+            # (chaos runs under load: whole schedules stopped for good). Put again at a fresh
+            # instant.
+            await self._timers.repeat_if_slow(plan.next_timers, written_at=stamped)
+
         await asyncio.gather(
-            self._runs.write(items),
-            *(self._queue.enqueue(topic, messages) for topic, messages in by_topic.items()),
+            write(), *(self._produce(topic, messages) for topic, messages in by_topic.items())
         )
-        # A next timer already due (the slot fired late) was written at `stamped`: if this took
-        # longer than the scanners' grace allows, a checkpoint may have passed that instant
-        # before the row landed and the schedule's chain would end there (chaos runs under
-        # load: whole schedules stopped for good). Put again at a fresh instant.
-        await self._timers.repeat_if_slow(plan.next_timers, written_at=stamped)
+
+    async def _produce(
+        self, topic: str, messages: list[tuple[datetime, run_message_pb2.RunMessage]]
+    ) -> None:
+        """Produces ``messages`` (each with its release time), none before its time.
+
+        Fire-ahead: the scanner hands a fire timer up to ``fire_ahead`` before its slot, so
+        its run row and its schedule's next timer are written by then, and the message goes
+        out at the slot's time: the handler starts on time instead of a read, a write and a
+        produce late. Messages due within ``RELEASE_SLICE`` of each other go out together, at
+        the latest one's time. A release time further ahead than ``fire_ahead`` (a clock that
+        jumped) does not hold a message longer than that.
+        """
+        if self._fire_ahead <= 0:
+            await self._queue.enqueue(topic, [m for _at, m in messages])
+            return
+        messages.sort(key=lambda m: m[0])
+        slices: list[list[tuple[datetime, run_message_pb2.RunMessage]]] = []
+        for item in messages:
+            if not slices or item[0] - slices[-1][0][0] > RELEASE_SLICE:
+                slices.append([])
+            slices[-1].append(item)
+        await asyncio.gather(
+            *(self._release(topic, group[-1][0], [m for _at, m in group]) for group in slices)
+        )
+
+    async def _release(
+        self, topic: str, at: datetime, messages: list[run_message_pb2.RunMessage]
+    ) -> None:
+        wait = (at - self._clock()).total_seconds()
+        if wait > 0:
+            await asyncio.sleep(min(wait, self._fire_ahead))
+        await self._queue.enqueue(topic, messages)
 
     def _message(
         self, s: Schedule, run: Run, lease_at: datetime | None

@@ -20,7 +20,7 @@ from scheduler.retries import DeadLetterPublisher, failures_of
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
 from scheduler.startup import until_up
-from scheduler.timers import tenant_of
+from scheduler.timers import FIRE, tenant_of
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 misfire_threshold=timedelta(seconds=config.misfire_threshold_s),
                 start_lease=timedelta(seconds=config.run_lease_s),
                 heartbeat_lease=timedelta(seconds=config.heartbeat_lease_s),
+                fire_ahead=timedelta(milliseconds=config.fire_ahead_ms),
             )
             wheel = TimerWheel(
                 timers,
@@ -105,6 +106,8 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 on_poison=firing.quarantine,
                 is_transient=firing.is_transient,
                 lanes=lanes,
+                # Fire timers early; their messages still go out at the slot's time.
+                ahead={FIRE: timedelta(milliseconds=config.fire_ahead_ms)},
             )
             metrics.OWNED_SHARDS.set_function(lambda: len(wheel.owned_shards))
             metrics.TIMERS_PENDING.set_function(wheel.scanner.pending_count)

@@ -3,6 +3,8 @@ reading back what they produced."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from aiokafka import AIOKafkaConsumer
 from cassandra.cluster import Session
 
@@ -18,7 +20,14 @@ from scheduler.retries import DeadLetterPublisher, Failures, failures_of
 from scheduler.session import Stores
 
 
-def firing_on(stores: Stores, queue: KafkaRunQueue, topic: str, keyspace: str) -> Firing:
+def firing_on(
+    stores: Stores,
+    queue: KafkaRunQueue,
+    topic: str,
+    keyspace: str,
+    *,
+    fire_ahead: timedelta = timedelta(0),
+) -> Firing:
     """The dispatcher's ``Firing`` as a dispatcher builds it, every tier producing to ``topic``."""
     return Firing(
         schedules=stores.schedules,
@@ -34,6 +43,7 @@ def firing_on(stores: Stores, queue: KafkaRunQueue, topic: str, keyspace: str) -
         dead_letters=DeadLetterPublisher(
             dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
         ),
+        fire_ahead=fire_ahead,
     )
 
 

@@ -763,3 +763,49 @@ async def test_the_coalescing_window_widens_while_rounds_are_busy(
     await round_of(2, "calm")
     assert scanner.coalescing_window() == 0.025
     assert handed == [3, 6, 2]
+
+
+async def test_a_kind_handed_ahead_goes_out_that_much_early_and_other_kinds_at_their_time(
+    store: CassandraTimerStore,
+) -> None:
+    """Fire-ahead: the dispatcher has fire timers handed early (their messages then wait for
+    their slot); every other kind, leases among them, is handed at its time."""
+    lease = await _claim(store, 11, "ahead-test")
+    now = datetime.now(UTC)
+    at = now + timedelta(milliseconds=1500)
+    timers = [
+        Timer(fire_time=at, timer_id="ahead", shard=11, kind="fire", key="ahead-a"),
+        Timer(fire_time=at, timer_id="on-time", shard=11, kind="lease", key="ahead-b"),
+    ]
+    await store.put(timers, now=now)
+    handed: dict[str, datetime] = {}
+    both = asyncio.Event()
+
+    async def on_due(batch: list[Timer]) -> None:
+        handed.update({t.timer_id: datetime.now(UTC) for t in batch if t.key.startswith("ahead")})
+        if len(handed) == 2:
+            both.set()
+
+    scanner = WheelScanner(store, on_due, ahead={"fire": timedelta(milliseconds=600)})
+    await scanner.add_shard(lease)
+    running = asyncio.create_task(scanner.run())
+    try:
+        await asyncio.wait_for(both.wait(), 10)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    assert at - timedelta(milliseconds=600) <= handed["ahead"] < at - timedelta(milliseconds=300)
+    assert handed["on-time"] >= at
+
+
+def test_handing_ahead_beyond_the_lookahead_is_refused(store: CassandraTimerStore) -> None:
+    async def on_due(batch: list[Timer]) -> None: ...
+
+    with pytest.raises(ValueError, match="more than the lookahead"):
+        WheelScanner(
+            store,
+            on_due,
+            lookahead=timedelta(seconds=1),
+            ahead={"fire": timedelta(seconds=2)},
+        )

@@ -33,3 +33,24 @@ def test_bad_tier_weights_name_the_variable_and_the_problem(raw: str, problem: s
     with pytest.raises(InvalidArgument) as e:
         Config.from_env({"CRONSCALE_TIER_WEIGHTS": raw})
     assert e.value.field == "CRONSCALE_TIER_WEIGHTS" and problem in str(e.value)
+
+
+def test_fire_ahead_defaults_to_200_ms_and_is_read_from_the_environment() -> None:
+    assert Config.from_env({}).fire_ahead_ms == 200
+    assert Config.from_env({"CRONSCALE_FIRE_AHEAD_MS": "0"}).fire_ahead_ms == 0
+    assert Config.from_env({"CRONSCALE_FIRE_AHEAD_MS": "750"}).fire_ahead_ms == 750
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("-1", "must be between 0 and 1000 (the scanner's lookahead), got -1"),
+        ("1500", "must be between 0 and 1000 (the scanner's lookahead), got 1500"),
+        ("soon", "must be an integer, got 'soon'"),
+    ],
+)
+def test_a_bad_fire_ahead_names_the_variable_and_the_problem(raw: str, problem: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        Config.from_env({"CRONSCALE_FIRE_AHEAD_MS": raw})
+    assert e.value.field == "CRONSCALE_FIRE_AHEAD_MS"
+    assert problem in str(e.value)
