@@ -254,42 +254,38 @@ class WheelScanner:
         # A kind handed ahead needs no window: its round holds until its last timer's time,
         # and gathers what comes due meanwhile; waiting a window after that would hand the
         # next timers late.
-        plain = min(
-            (
-                t.fire_time
-                for p in self.shards.values()
-                for t in p.pending.values()
-                if t.kind not in self._ahead
-            ),
-            default=None,
-        )
+        plain: datetime | None = None  # the earliest pending timer of a kind handed on time
+        ahead: datetime | None = None  # and of a kind handed ahead
+        for p in self.shards.values():
+            for t in p.pending.values():
+                if t.kind in self._ahead:
+                    if ahead is None or t.fire_time < ahead:
+                        ahead = t.fire_time
+                elif plain is None or t.fire_time < plain:
+                    plain = t.fire_time
         if plain is not None:
             wait = min(wait, max((plain - now).total_seconds(), self.coalescing_window()))
-        if self._ahead:
-            early = min(
-                (
-                    self._hand_at(t)
-                    for p in self.shards.values()
-                    for t in p.pending.values()
-                    if t.kind in self._ahead
-                ),
-                default=None,
-            )
-            if early is not None:
-                # No pause after a round that handed something; after one that handed nothing
-                # (a shard whose lease cannot be proven keeps its timers), the short window,
-                # so the loop does not spin.
-                floor = 0.0 if self._last_round else self._coalesce
-                wait = min(wait, max((early - now).total_seconds(), floor))
+        if ahead is not None:
+            wait = min(wait, self._ahead_wait(ahead, now))
         self._wake.clear()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
-    def _hand_at(self, t: Timer) -> datetime:
-        """When ``t`` is handed: its fire time, less its kind's fire-ahead."""
-        ahead = self._ahead.get(t.kind)
-        return t.fire_time - ahead if ahead is not None else t.fire_time
+    def _ahead_wait(self, due: datetime, now: datetime) -> float:
+        """Seconds until the next round for a kind handed ahead whose earliest pending timer
+        is ``due``: until its hand-over time; none once that has come (the round holds until
+        its slots and gathers what comes due meanwhile); the coalescing window once it is
+        late (a backlog: without the window, rounds would hand a few late timers each, and
+        small batches cost more per firing in every process) or when the last round handed
+        nothing (a shard whose lease cannot be proven keeps its timers: no spinning)."""
+        until_due = (due - now).total_seconds()
+        if until_due <= 0:
+            return self.coalescing_window()
+        until_hand = until_due - max(self._ahead.values()).total_seconds()
+        if until_hand > 0:
+            return until_hand
+        return 0.0 if self._last_round else self._coalesce
 
     def coalescing_window(self) -> float:
         """Seconds the next round waits at least after this one (see ``_sleep``)."""

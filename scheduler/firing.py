@@ -95,7 +95,7 @@ logger = logging.getLogger(__name__)
 _MS = timedelta(milliseconds=1)
 # Fire-ahead: messages due within this of each other are produced together (at the last one's
 # time), so a batch of spread slots is a few produce calls, not one per slot.
-RELEASE_SLICE = timedelta(milliseconds=10)
+RELEASE_SLICE = timedelta(milliseconds=25)
 
 
 @dataclass
