@@ -56,9 +56,10 @@ class Config:
     misfire_threshold_s: float = 30.0
     # Fire timers are handed this long before their time: the run rows are written and the
     # schedule's next timer put ahead, and the run message is produced at the slot's time
-    # (scheduler.firing, "fire-ahead"). 0 hands them at their time. At most the scanner's
-    # 1 s lookahead.
-    fire_ahead_ms: int = 200
+    # (scheduler.firing, decision 0011). 0 (the default) hands them at their time; at most the
+    # scanner's 1 s lookahead. Opt-in until a dispatcher killed while holding messages can no
+    # longer leave its schedules "in progress" (decision 0011).
+    fire_ahead_ms: int = 0
     # A process whose clock differs from Cassandra's by more than this owns no shards and
     # writes no timers (bucketer.clock); keep it well inside the scanners' 2 s grace window.
     clock_skew_tolerance_ms: int = 500
@@ -120,7 +121,7 @@ class Config:
             shard_count=_int("CRONSCALE_SHARDS", 64),
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
-            fire_ahead_ms=_fire_ahead(_int("CRONSCALE_FIRE_AHEAD_MS", 200)),
+            fire_ahead_ms=_fire_ahead(_int("CRONSCALE_FIRE_AHEAD_MS", 0)),
             clock_skew_tolerance_ms=_int("CRONSCALE_CLOCK_SKEW_TOLERANCE_MS", 500),
             run_lease_s=float(_int("CRONSCALE_RUN_LEASE", 300)),
             heartbeat_lease_s=float(_int("CRONSCALE_HEARTBEAT_LEASE", 60)),
