@@ -39,6 +39,7 @@ from pathlib import Path
 
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import connect
+from bucketer.model import Timer
 from loadtest import figures
 from loadtest.figures import pct
 from loadtest.tally import ENV_DIR, read_tallies
@@ -125,25 +126,9 @@ async def register_stored(config: Config, count: int) -> float:
         async def chunk(n: int) -> None:
             rows, fires = [], []
             for _ in range(n):
-                s = Schedule(
-                    schedule_id=f"stored-{uuid.uuid4().hex[:16]}",
-                    handler="loadtest.tally",
-                    spec=STORED,
-                    generation=new_generation(),
-                    create_time=now,
-                    update_time=now,
-                )
-                slot = next_slot(s, now)
-                assert slot is not None
-                rows.append(replace(s, next_fire_time=slot.at))
-                fires.append(
-                    FireTimer(
-                        schedule_id=s.schedule_id,
-                        generation=s.generation,
-                        slot=slot.slot,
-                        scheduled_for=slot.at,
-                    ).to_timer(config.shard_count)
-                )
+                s, first = new_schedule("stored", STORED, now, now, config.shard_count)
+                rows.append(s)
+                fires.append(first)
             async with gate:
                 await timers.put(fires, now=now)
                 await schedules.import_many(rows)
@@ -161,6 +146,27 @@ async def register_stored(config: Config, count: int) -> float:
         return count / (time.perf_counter() - started)
     finally:
         session.cluster.shutdown()
+
+
+def new_schedule(
+    prefix: str, spec: ScheduleSpec, now: datetime, after: datetime, shard_count: int
+) -> tuple[Schedule, Timer]:
+    """A load schedule (handler ``loadtest.tally``) with its first slot after ``after``, and
+    that slot's fire timer."""
+    s = Schedule(
+        schedule_id=f"{prefix}-{uuid.uuid4().hex[:16]}",
+        handler="loadtest.tally",
+        spec=spec,
+        generation=new_generation(),
+        create_time=now,
+        update_time=now,
+    )
+    slot = next_slot(s, after)
+    assert slot is not None
+    first = FireTimer(
+        schedule_id=s.schedule_id, generation=s.generation, slot=slot.slot, scheduled_for=slot.at
+    )
+    return replace(s, next_fire_time=slot.at), first.to_timer(shard_count)
 
 
 def _keyspace_bytes(settings: LocalSettings, keyspace: str) -> int:
@@ -198,27 +204,12 @@ async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list
             chunk = []
             fires = []
             for _ in range(min(5000, count - start)):
-                s = Schedule(
-                    schedule_id=f"load-{uuid.uuid4().hex[:16]}",
-                    handler="loadtest.tally",
-                    spec=spec,
-                    generation=new_generation(),
-                    create_time=now,
-                    update_time=now,
-                )
                 # Skip the current minute: every schedule starts at the next one.
-                slot = next_slot(s, now + timedelta(seconds=60))
-                assert slot is not None
-                s = replace(s, next_fire_time=slot.at)
-                chunk.append(s)
-                fires.append(
-                    FireTimer(
-                        schedule_id=s.schedule_id,
-                        generation=s.generation,
-                        slot=slot.slot,
-                        scheduled_for=slot.at,
-                    ).to_timer(config.shard_count)
+                s, first = new_schedule(
+                    "load", spec, now, now + timedelta(seconds=60), config.shard_count
                 )
+                chunk.append(s)
+                fires.append(first)
             await timers.put(fires, now=now)
             await schedules.import_many(chunk)
             registered.extend(chunk)

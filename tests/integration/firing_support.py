@@ -3,7 +3,7 @@ reading back what they produced."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer
 from cassandra.cluster import Session
@@ -68,6 +68,14 @@ def reports_on(
 
 async def read_run_messages(bootstrap: str, topic: str) -> list[run_message_pb2.RunMessage]:
     """Every run message on ``topic`` (a fresh consumer group from the earliest offset)."""
+    return [m for m, _produced in await read_run_records(bootstrap, topic)]
+
+
+async def read_run_records(
+    bootstrap: str, topic: str
+) -> list[tuple[run_message_pb2.RunMessage, datetime]]:
+    """Every run message on ``topic`` with the time it was produced (its CreateTime, to the
+    millisecond), read by a fresh consumer group from the earliest offset."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -79,7 +87,10 @@ async def read_run_messages(bootstrap: str, topic: str) -> list[run_message_pb2.
     try:
         batch = await consumer.getmany(timeout_ms=5000)
         return [
-            run_message_pb2.RunMessage.FromString(rec.value)
+            (
+                run_message_pb2.RunMessage.FromString(rec.value),
+                datetime.fromtimestamp(rec.timestamp / 1000, UTC),
+            )
             for records in batch.values()
             for rec in records
             if rec.value is not None

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from bucketer.model import Timer
 from cronscale.v1 import run_message_pb2
@@ -20,7 +19,7 @@ from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.model import RunStatus, Schedule, ScheduleSpec, SpecKind, new_generation, run_id_for
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FireTimer
-from tests.integration.firing_support import firing_on
+from tests.integration.firing_support import firing_on, read_run_records
 
 AHEAD = timedelta(milliseconds=800)
 
@@ -66,28 +65,7 @@ async def _slot_at(rig: Rig, at: datetime) -> tuple[Schedule, Timer]:
 
 
 async def _produced(rig: Rig) -> list[tuple[run_message_pb2.RunMessage, datetime]]:
-    """Every message on the rig's topic with the time it was produced (its CreateTime)."""
-    consumer = AIOKafkaConsumer(
-        rig.topic,
-        bootstrap_servers=rig.bootstrap,
-        auto_offset_reset="earliest",
-        group_id=f"{rig.topic}.check",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        batch = await consumer.getmany(timeout_ms=5000)
-        return [
-            (
-                run_message_pb2.RunMessage.FromString(rec.value),
-                datetime.fromtimestamp(rec.timestamp / 1000, UTC),
-            )
-            for records in batch.values()
-            for rec in records
-            if rec.value is not None
-        ]
-    finally:
-        await consumer.stop()
+    return await read_run_records(rig.bootstrap, rig.topic)
 
 
 async def _next_whole_second(lead: timedelta) -> datetime:
