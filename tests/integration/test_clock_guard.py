@@ -3,11 +3,14 @@ writes no timers and owns no shards, and says why (loss path 4)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from cassandra.cluster import Session
 
+import bucketer.clock
+import bucketer.cql
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.clock import ClockGuard, ClockSkewed
 from bucketer.keys import minute_bucket
@@ -85,3 +88,36 @@ async def test_a_member_whose_clock_drifts_releases_its_shards(
     assert owner.owned == {} and sorted(lost) == held
     for shard in held:
         assert (await store.read_lease(shard)).owner is None, "released, free for a peer"
+
+
+async def test_a_round_trip_too_slow_to_tell_keeps_the_verdict(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer that waited 1.2 s on its way back (an overloaded process or node) puts the
+    midpoint 0.6 s off, beyond the 0.5 s tolerance: that sample cannot tell, and neither
+    flips a good verdict nor clears a bad one."""
+    real = bucketer.cql.aexecute
+
+    async def slow_answer(s: Session, statement: str) -> list[object]:
+        rows = await real(s, statement)
+        await asyncio.sleep(1.2)
+        return rows
+
+    guard = ClockGuard()
+    await guard.measure(session)
+    assert guard.ok
+    monkeypatch.setattr(bucketer.clock, "aexecute", slow_answer)
+    skew = await guard.measure(session)
+    assert abs(skew) > guard.tolerance, "the sample alone would say skewed"
+    assert guard.ok, "kept: the round trip was too slow to tell"
+
+    # 0.6 s behind: skewed. A slow sample puts the midpoint 0.6 s the other way and would
+    # read as in sync.
+    behind = ClockGuard(clock=lambda: datetime.now(UTC) - timedelta(milliseconds=600))
+    monkeypatch.setattr(bucketer.clock, "aexecute", real)
+    await behind.measure(session)
+    assert not behind.ok
+    monkeypatch.setattr(bucketer.clock, "aexecute", slow_answer)
+    skew = await behind.measure(session)
+    assert abs(skew) < guard.tolerance, "the sample alone would say in sync"
+    assert not behind.ok, "kept: a slow sample does not clear a skew either"
