@@ -37,6 +37,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from cassandra.cluster import Session
+
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import connect
 from bucketer.model import Timer
@@ -107,18 +109,25 @@ STORED_CHUNK = 5000
 STORED_IN_FLIGHT = 4
 
 
+def _import_stores(
+    config: Config,
+) -> tuple[Session, CassandraScheduleStore, CassandraTimerStore]:
+    """A session of its own and the two stores a direct import writes (the caller shuts the
+    session's cluster down)."""
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
+    schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
+    timers = CassandraTimerStore(session, keyspace=config.keyspace, shard_count=config.shard_count)
+    return session, schedules, timers
+
+
 async def register_stored(config: Config, count: int) -> float:
     """Imports ``count`` schedules (and their first timers) that do not fire during the run,
     like :func:`register` but kept nowhere (10 million would not fit in this process);
     returns schedules/s. Chunks go in ``STORED_IN_FLIGHT`` at a time."""
-    session = connect(
-        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
-    )
+    session, schedules, timers = _import_stores(config)
     try:
-        schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
-        timers = CassandraTimerStore(
-            session, keyspace=config.keyspace, shard_count=config.shard_count
-        )
         now = datetime.now(UTC)
         started = time.perf_counter()
         gate = asyncio.Semaphore(STORED_IN_FLIGHT)
@@ -189,14 +198,8 @@ def _rss_mib(pid: int) -> float:
 
 async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list[Schedule], float]:
     """Imports ``count`` schedules and their first timers; returns them and schedules/s."""
-    session = connect(
-        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
-    )
+    session, schedules, timers = _import_stores(config)
     try:
-        schedules = CassandraScheduleStore(session, keyspace=config.keyspace)
-        timers = CassandraTimerStore(
-            session, keyspace=config.keyspace, shard_count=config.shard_count
-        )
         now = datetime.now(UTC)
         registered: list[Schedule] = []
         started = time.perf_counter()
