@@ -161,7 +161,7 @@ class Runner:
         # heartbeat's) and stops the handler; one seen before the handler began skips it.
         if check_done:
             ack = await self._report(
-                task, pb.RUN_EVENT_KIND_STARTED, state, at=started_at, check=True
+                self._event(task, pb.RUN_EVENT_KIND_STARTED, state, at=started_at, check=True)
             )
             if ack.done:
                 if on_handler_done is not None:
@@ -218,18 +218,17 @@ class Runner:
             start_lag=lag,
             cancelled=cancelled,
         )
-        await self._report(
-            task,
+        kind = (
             pb.RUN_EVENT_KIND_SUCCEEDED
             if outcome.succeeded
             else pb.RUN_EVENT_KIND_CANCELLED
             if cancelled
             else pb.RUN_EVENT_KIND_TIMED_OUT
             if state.timed_out
-            else pb.RUN_EVENT_KIND_FAILED,
-            state,
-            error=error[:MAX_ERROR_CHARS],
-            raised=state.raised,
+            else pb.RUN_EVENT_KIND_FAILED
+        )
+        await self._report(
+            self._event(task, kind, state, error=error[:MAX_ERROR_CHARS], raised=state.raised)
         )
         if cancelled:
             logger.info(
@@ -266,7 +265,9 @@ class Runner:
 
     async def refuse(self, task: RunTask, error: str) -> None:
         """Reports ``task`` as FAILED with ``error`` without running it (e.g. a newer layout)."""
-        await self._report(task, pb.RUN_EVENT_KIND_FAILED, None, error=error[:MAX_ERROR_CHARS])
+        await self._report(
+            self._event(task, pb.RUN_EVENT_KIND_FAILED, None, error=error[:MAX_ERROR_CHARS])
+        )
         self._failed.inc()
         logger.warning("run %s FAILED without running: %s", task.run_id, error, extra=_ids(task))
 
@@ -381,18 +382,8 @@ class Runner:
         sent.add_done_callback(on_ack)
         return sent
 
-    async def _report(
-        self,
-        task: RunTask,
-        kind: pb.RunEventKind.ValueType,
-        state: _RunState | None,
-        *,
-        error: str = "",
-        at: datetime | None = None,
-        raised: BaseException | None = None,
-        check: bool = False,
-    ) -> pb.RunEventAck:
-        event = self._event(task, kind, state, error=error, at=at, raised=raised, check=check)
+    async def _report(self, event: pb.RunEvent) -> pb.RunEventAck:
+        """Reports ``event`` and waits for the API's ack."""
         ack = await self._reporter.submit(event)
         self._health.up(API)
         return ack
