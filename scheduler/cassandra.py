@@ -456,13 +456,23 @@ class CassandraRunStore:
         schedule's overlap cells (a heartbeat is a sign of life, an outcome ends the run).
 
         No write here is ordered by a worker's clock. Backfill runs stay out of the overlap
-        cells, so they never hold up the schedule's own slots.
+        cells, so they never hold up the schedule's own slots. A retry's start or outcome also
+        clears the retry time its earlier attempt left (``run_retry_taken``), whether or not
+        the retry's own ENQUEUED row landed.
         """
         items: list[Write] = []
         for e in events:
             day = day_of(e.scheduled_for)
             where = (e.schedule_id, day, e.scheduled_for, e.run_id)
             tracked = not is_backfill_run(e.run_id)
+            if e.status is not None and e.attempt > 1:
+                items.append(
+                    Write(
+                        (e.schedule_id, day),
+                        self.q["run_retry_taken"],
+                        (run_cell_time(e.scheduled_for, e.attempt, _RUNNING_RANK), *where),
+                    )
+                )
             if e.status is None:
                 items.append(
                     Write((e.schedule_id, day), self.q["run_heartbeat"], (e.event_time, *where))

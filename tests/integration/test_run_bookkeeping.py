@@ -217,6 +217,40 @@ async def test_a_retry_is_not_taken_for_delivered_because_its_earlier_attempt_wa
     assert await runs.delivered({first.run_id: 2}) == {first.run_id}
 
 
+async def test_a_retry_that_ran_clears_the_retry_time_even_without_its_enqueued_row(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """Attempt 1 failed and its retry was written; attempt 2's ENQUEUED row never landed (its
+    write failed in a fault while its message went out), and attempt 2 ran. The row must not
+    keep attempt 1's retry time: seen in a chaos run as a SUCCEEDED run counted stuck with a
+    retry overdue. A failed attempt 2's own retry time, written at its outcome's cell time, must
+    survive the clear (ranked below it, whatever order the writes land in)."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "retry-taken")
+    later = T0 + timedelta(seconds=1)
+    ok, again = _enqueued(s, T0), _enqueued(s, later)
+    for run in (ok, again):
+        await _fire(schedules, runs, run, run.scheduled_for)
+        failed = _event(run, RunStatus.FAILED, run.scheduled_for, error="boom")
+        await runs.record_events([failed], now=T0)
+        await runs.write([runs.retry_row(failed, run.scheduled_for + timedelta(seconds=1))])
+        assert (await runs.get(run.run_id)).next_attempt_time is not None
+    ok2, again2 = _enqueued(s, T0, attempt=2), _enqueued(s, later, attempt=2)
+    ran = T0 + timedelta(seconds=3)
+    await runs.record_events(
+        [_event(ok2, RunStatus.SUCCEEDED, ran, start_time=ran, worker_id="w1")], now=ran
+    )
+    retry_at = T0 + timedelta(seconds=30)
+    failed2 = _event(again2, RunStatus.FAILED, ran, start_time=ran, worker_id="w1", error="x")
+    await runs.write([runs.retry_row(failed2, retry_at)])  # lands before the report itself
+    await runs.record_events([_event(again2, RunStatus.RUNNING, ran), failed2], now=ran)
+    done = await runs.get(ok.run_id)
+    assert (done.status, done.attempt, done.next_attempt_time) == (RunStatus.SUCCEEDED, 2, None)
+    waiting = await runs.get(again.run_id)
+    assert (waiting.status, waiting.attempt) == (RunStatus.FAILED, 2)
+    assert waiting.next_attempt_time == retry_at
+
+
 async def test_finished_answers_per_attempt_asked(
     stores: tuple[CassandraScheduleStore, CassandraRunStore],
 ) -> None:
