@@ -122,6 +122,24 @@ class CassandraTimerStore:
                 items.append(Write((bucket, t.shard), self._q["put_timer_at"], (*row, t.stamp)))
         return items
 
+    def done_rows(self, notes: Iterable[tuple[Timer, str]], *, now: datetime) -> list[Write]:
+        """Grouped-write items leaving a note on timers not yet due (each timer given by its
+        place: fire time, id, shard): its ``done_run`` cell, read by the scanner with the
+        timer. A note on a place where no timer was ever written makes a row the scanners
+        skip. The caller makes sure the timer is not read yet (far enough from due)."""
+        items: list[Write] = []
+        for t, run_id in notes:
+            ttl = int((max(t.fire_time, now) - now + TIMER_RETENTION).total_seconds())
+            bucket = minute_bucket(t.fire_time)
+            items.append(
+                Write(
+                    (bucket, t.shard),
+                    self._q["mark_timer_done"],
+                    (_ttl(ttl), run_id, bucket, t.shard, t.fire_time, t.timer_id),
+                )
+            )
+        return items
+
     def settle_rows(self, timers: Iterable[Timer], *, now: datetime) -> list[Write]:
         """Grouped-write items settling timers before they are due: each row is overwritten in
         place by an inert marker the scanners skip, at the timer's ``stamp`` + 1, so the marker

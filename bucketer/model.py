@@ -34,6 +34,9 @@ class Timer:
     # before the previous owner can have stopped: that owner may have fired it already (its
     # checkpoint trails what it fired), so the caller may check before doing the work twice.
     after_takeover: bool = False
+    # A note left on the timer's row before it was due (``CassandraTimerStore.done_rows``):
+    # for a schedule's fire timer, the run fired at the previous slot that has ended.
+    done_run: str = ""
 
     @property
     def bucket(self) -> int:
@@ -53,6 +56,7 @@ class Timer:
             kind=row.kind or "",
             key=row.key or "",
             data=bytes(row.data or b""),
+            done_run=getattr(row, "done_run", None) or "",
         )
 
 

@@ -353,8 +353,8 @@ class WheelScanner:
             return  # lost while reading
         floor = p.after(bucket)
         for t in timers:
-            if t.kind == SETTLED:
-                continue
+            if t.kind == SETTLED or not t.kind:
+                continue  # settled, or a note left where no timer was written
             pos = t.position
             if pos > floor and pos not in p.handed and pos not in p.pending:
                 p.pending[pos] = t

@@ -14,9 +14,10 @@ from cassandra.cluster import Session
 from cassandra.query import UNSET_VALUE, SimpleStatement
 
 from bucketer.cql import Queries, Write, aexecute, execute_conditional, first, write_grouped
-from bucketer.model import Timer, micros
+from bucketer.keys import minute_bucket
+from bucketer.model import Timer, aware, micros
 from scheduler.dead_letters import Attempt
-from scheduler.errors import AlreadyExists, InvalidArgument, NotFound
+from scheduler.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from scheduler.model import (
     Run,
     RunEventRecord,
@@ -27,6 +28,7 @@ from scheduler.model import (
     is_backfill_run,
     parse_run_id,
 )
+from scheduler.schedule_cache import ANNOUNCE_LIMIT
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,19 @@ _NOT_TAKEN = (RunStatus.ENQUEUED.value, RunStatus.SKIPPED.value)
 # An attempt with one of these is over, and nothing more follows from it.
 _FINISHED = frozenset(
     s.value for s in (RunStatus.SUCCEEDED, RunStatus.CANCELLED, RunStatus.DEAD_LETTERED)
+)
+# An attempt with one of these is over (a failed one may be retried: a new attempt, in progress
+# again once enqueued).
+_ENDED = frozenset(
+    s.value
+    for s in (
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.TIMED_OUT,
+        RunStatus.CANCELLED,
+        RunStatus.DEAD_LETTERED,
+        RunStatus.SKIPPED,
+    )
 )
 # Over, and to be retried: done once the retry is written too (next_attempt_time).
 _FAILURES = frozenset(s.value for s in (RunStatus.FAILED, RunStatus.TIMED_OUT))
@@ -167,6 +182,40 @@ class CassandraScheduleStore:
         token = base64.urlsafe_b64encode(next_state).decode() if next_state else ""
         return schedules, token
 
+    async def announce(self, schedule_ids: Iterable[str]) -> None:
+        """Records that these schedules are about to change (``schedule_changes``), before the
+        change is written: a dispatcher that sees the record reads them afresh instead of from
+        its cache (``scheduler.schedule_cache``), for long enough that the change has landed.
+        Raises Unavailable, and the caller makes no change, if the record took longer than
+        ``ANNOUNCE_LIMIT``: dispatchers might have looked past it."""
+        ids = sorted(set(schedule_ids))
+        if not ids:
+            return
+        now = datetime.now(UTC)
+        bucket = minute_bucket(now)
+        await write_grouped(
+            self._session,
+            [Write((bucket,), self.q["announce_change"], (bucket, now, sid)) for sid in ids],
+        )
+        took = datetime.now(UTC) - now
+        if took > ANNOUNCE_LIMIT:
+            raise Unavailable(
+                f"recording the change took {took.total_seconds():.1f} s (Cassandra overloaded); "
+                "nothing was changed, try again"
+            )
+
+    async def changes(self, since: datetime, until: datetime) -> Sequence[tuple[datetime, str]]:
+        """The announced changes recorded between ``since`` and ``until`` (both included),
+        as (when, schedule id), one read per minute they span."""
+        first_bucket, last_bucket = minute_bucket(since), minute_bucket(until)
+        pages = await asyncio.gather(
+            *(
+                aexecute(self._session, self.q["changes_since"], (bucket, since, until))
+                for bucket in range(first_bucket, last_bucket + 1)
+            )
+        )
+        return [(aware(r.changed_at), r.schedule_id) for rows in pages for r in rows]
+
     async def change_state(
         self,
         current: Schedule,
@@ -180,6 +229,7 @@ class CassandraScheduleStore:
         pause_time: datetime | None = None,
     ) -> bool:
         """Compare-and-set on ``current.version``; False if a concurrent change won."""
+        await self.announce([current.schedule_id])
         applied, _ = await execute_conditional(
             self._session,
             self.q["set_state"],
@@ -203,6 +253,7 @@ class CassandraScheduleStore:
         policies, after) with its state, version, generation, update and next fire times: a
         compare-and-set on ``expected_version``. Returns (applied, the stored version when a
         concurrent change won, None if the schedule is gone)."""
+        await self.announce([s.schedule_id])
         applied, current = await execute_conditional(
             self._session,
             self.q["update_schedule"],
@@ -299,6 +350,7 @@ class CassandraScheduleStore:
         await aexecute(self._session, self.q["clear_quarantine"], {"schedule_id": schedule_id})
 
     async def delete(self, schedule_id: str) -> None:
+        await self.announce([schedule_id])
         applied, _ = await execute_conditional(
             self._session, self.q["delete_schedule"], (schedule_id,)
         )
@@ -526,7 +578,7 @@ class CassandraRunStore:
                             (ts, e.status.value, e.event_time, error, e.worker_id, *where),
                         )
                     )
-                if tracked:
+                if tracked and not e.done_noted_on_timer(now):
                     items.append(
                         self._schedules.mark_done(
                             e.schedule_id, e.run_id, e.enqueue_time or e.scheduled_for
@@ -564,6 +616,14 @@ class CassandraRunStore:
             return row.status in _FINISHED
 
         return await self._runs_where("get_run_outcome", list(attempts), done)
+
+    async def ended(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of the runs have ended (their latest attempt has an outcome, or they were
+        skipped): for the few runs a schedule row still shows in progress whose end was noted
+        elsewhere (a fire timer's ``done_run``), never for every firing."""
+        return await self._runs_where(
+            "get_run_status", list(run_ids), lambda row: row.status in _ENDED
+        )
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""

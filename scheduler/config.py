@@ -60,6 +60,9 @@ class Config:
     # scanner's 1 s lookahead. Opt-in until a dispatcher killed while holding messages can no
     # longer leave its schedules "in progress" (decision 0011).
     fire_ahead_ms: int = 0
+    # Schedules a dispatcher keeps in memory to fire without reading them
+    # (scheduler.schedule_cache), least recently fired evicted first; 0 reads every schedule.
+    schedule_cache: int = 200_000
     # A process whose clock differs from Cassandra's by more than this owns no shards and
     # writes no timers (bucketer.clock); keep it well inside the scanners' 2 s grace window.
     clock_skew_tolerance_ms: int = 500
@@ -122,6 +125,9 @@ class Config:
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
             fire_ahead_ms=_fire_ahead(_int("CRONSCALE_FIRE_AHEAD_MS", 0)),
+            schedule_cache=_not_negative(
+                "CRONSCALE_SCHEDULE_CACHE", _int("CRONSCALE_SCHEDULE_CACHE", 200_000)
+            ),
             clock_skew_tolerance_ms=_int("CRONSCALE_CLOCK_SKEW_TOLERANCE_MS", 500),
             run_lease_s=float(_int("CRONSCALE_RUN_LEASE", 300)),
             heartbeat_lease_s=float(_int("CRONSCALE_HEARTBEAT_LEASE", 60)),
@@ -199,6 +205,12 @@ _TIER = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
 MAX_FIRE_AHEAD_MS = 1000
+
+
+def _not_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise InvalidArgument(name, f"must be 0 or more, got {value}")
+    return value
 
 
 def _fire_ahead(ms: int) -> int:

@@ -158,6 +158,7 @@ class DependencyGraph:
 
     async def link(self, schedule_id: str, upstreams: Iterable[str]) -> None:
         """Adds ``schedule_id`` to each upstream's ``downstream`` set (grouped writes)."""
+        await self._schedules.announce(upstreams)
         await write_grouped(
             self._session,
             [
@@ -168,6 +169,7 @@ class DependencyGraph:
 
     async def unlink(self, schedule_id: str, upstreams: Iterable[str]) -> None:
         """Removes ``schedule_id`` from each upstream's ``downstream`` set (grouped writes)."""
+        await self._schedules.announce(upstreams)
         await write_grouped(
             self._session,
             [

@@ -47,6 +47,7 @@ from scheduler.fairness import (
 )
 from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION
 from scheduler.model import (
+    DONE_NOTE_LEAD,
     MISFIRE_THRESHOLD,
     STALE_RUN,
     BufferedRun,
@@ -67,6 +68,7 @@ from scheduler.retries import (
     Failures,
     LeaseCheck,
 )
+from scheduler.schedule_cache import ScheduleCache
 from scheduler.slots import (
     MAX_ENUMERATED_MISSES,
     Slot,
@@ -110,6 +112,9 @@ class FiringPlan:
     cancel: list[str] = field(default_factory=list)
     # Runs whose lease their schedule's next fire timer carries (no lease timer of their own).
     carried: set[str] = field(default_factory=set)
+    # Runs whose end the API notes on their schedule's next fire timer, due at this time
+    # (RunMessage.next_fire_time; scheduler.schedule_cache).
+    note_on: dict[str, datetime] = field(default_factory=dict)
     # The tenants' tiers and quotas (scheduler.fairness), for the batch's schedules.
     limits: Mapping[str, TenantLimits] = field(default_factory=dict)
 
@@ -234,6 +239,12 @@ def plan_fire(
             stamp=micros(enqueue_instant(now)),
         )
         plan.carried.add(lease.run_id)
+    if (
+        len(to_fire) == 1
+        and s.policies.overlap is not OverlapMode.BUFFER_ONE
+        and nxt.at - now > DONE_NOTE_LEAD
+    ):
+        plan.note_on[run_id_for(s.schedule_id, to_fire[0].at)] = nxt.at
     plan.next_timers.append(
         FireTimer(
             schedule_id=s.schedule_id,
@@ -382,9 +393,12 @@ class Firing:
         start_lease: timedelta = START_LEASE,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
         fire_ahead: timedelta = timedelta(0),
+        cache: ScheduleCache | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._misfire_threshold = misfire_threshold
+        # Fire timers decided without reading their schedules (scheduler.schedule_cache).
+        self._cache = cache
         # The scanner hands fire timers up to this early; their messages wait for their time.
         self._fire_ahead = fire_ahead.total_seconds()
         self._start_lease = start_lease
@@ -412,6 +426,8 @@ class Firing:
         """Sets aside a timer whose firing fails on its own (the scanner isolated it): stored
         with its error in the quarantine table and on its schedule, counted, logged."""
         metrics.TIMERS_QUARANTINED.labels(kind=timer.kind).inc()
+        if self._cache is not None and timer.key:
+            self._cache.forget(timer.key)
         await self._schedules.quarantine(timer, f"{type(error).__name__}: {error}", self._clock())
         if timer.kind == FIRE:
             # The lease it carries still needs its check (the run it guards is not poison).
@@ -464,9 +480,7 @@ class Firing:
             await self._backfill_due(backfills)
             return
         runs, run_timers = await self._current_retries(runs, run_timers)
-        schedules = await self._schedules.get_many(
-            [f.schedule_id for f in fires] + [r.schedule_id for r in runs]
-        )
+        schedules = await self._schedules_for(fires, fire_timers, runs)
         now = self._clock()
         lease_at = self._lease_at(now)
         plan = FiringPlan()
@@ -480,7 +494,7 @@ class Firing:
             s = schedules.get(f.schedule_id)
             if f.lease is not None:
                 # Resolved whatever becomes of the slot (fired, put off, superseded).
-                self._resolve_carried(f.lease, s, plan)
+                self._resolve_carried(f.lease, s, timer, plan)
                 f = replace(f, lease=None)
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
@@ -550,10 +564,56 @@ class Firing:
         instant whether a lease timer or the next fire timer carries it."""
         return enqueue_instant(now) + self._start_lease
 
-    def _resolve_carried(self, lease: LeaseTimer, s: Schedule | None, plan: FiringPlan) -> None:
-        """A lease carried by a fire timer now due: settled if its run finished (the schedule
-        row's ``done_run``), else written as a lease timer, due at its own time."""
-        if s is not None and s.done_run == lease.run_id:
+    async def _schedules_for(
+        self, fires: list[FireTimer], fire_timers: list[Timer], runs: list[RunTimer]
+    ) -> dict[str, Schedule]:
+        """The schedules the batch's fire and run timers name: from the cache where a fire
+        timer can be decided from it (scheduler.schedule_cache), else read in one
+        multi-partition query. A read schedule whose run in progress has ended (noted on the
+        fire timer, or its run row shows an outcome) is returned with that run done."""
+        cache = self._cache
+        cached: dict[str, Schedule] = {}
+        if cache is not None and fires:
+            await cache.refresh(self._clock())
+            for f, timer in zip(fires, fire_timers, strict=True):
+                s = cache.ready_to_fire(timer, f.schedule_id, f.generation)
+                if s is not None:
+                    cached[f.schedule_id] = s
+        wanted = [f.schedule_id for f in fires if f.schedule_id not in cached]
+        wanted += [r.schedule_id for r in runs]
+        read = await self._schedules.get_many(wanted) if wanted else {}
+        if not read:
+            return cached
+        now = self._clock()
+        fired = {f.schedule_id for f in fires} - cached.keys()
+        noted = {t.key: t.done_run for t in fire_timers if t.done_run}
+        in_progress: dict[str, str] = {}
+        for sid in fired & read.keys():
+            s = read[sid]
+            if s.active_run and s.active_run != s.done_run and noted.get(sid) == s.active_run:
+                s = read[sid] = replace(s, done_run=s.active_run)
+            if s.policies.overlap is not OverlapMode.ALLOW:
+                for run_id in s.in_progress(now, stale_after=STALE_RUN):
+                    in_progress[run_id] = sid
+        # The schedule row shows the run enqueued last in progress until a report marks it
+        # done there; a run whose end was noted on a fire timer is done, yet marked only there.
+        for run_id in await self._runs.ended(list(in_progress)) if in_progress else ():
+            sid = in_progress.pop(run_id)
+            read[sid] = replace(read[sid], done_run=run_id)
+        if cache is not None:
+            cache.missed(len(fired))
+            for sid in fired & read.keys():
+                s = read[sid]
+                cache.put(s, active_run=s.active_run if s.active_run != s.done_run else "")
+        return {**cached, **read}
+
+    def _resolve_carried(
+        self, lease: LeaseTimer, s: Schedule | None, timer: Timer, plan: FiringPlan
+    ) -> None:
+        """A lease carried by a fire timer now due: settled if its run finished (noted on the
+        timer, or the schedule row's ``done_run``), else written as a lease timer, due at its
+        own time."""
+        if timer.done_run == lease.run_id or (s is not None and s.done_run == lease.run_id):
             metrics.LEASES_CARRIED.labels(outcome="settled").inc()
             return
         metrics.LEASES_CARRIED.labels(outcome="written").inc()
@@ -664,6 +724,8 @@ class Firing:
             # the same enqueue time (echoed by the worker), so neither clock nor arrival order
             # decides whether the schedule sees it in progress.
             items.append(schedules.mark_active(s.schedule_id, run.run_id, now))
+            if self._cache is not None:
+                self._cache.ran(s.schedule_id, run.run_id)
         for s, buffered in plan.buffered:
             items.append(schedules.set_buffered(s.schedule_id, buffered.to_json()))
         for s, at in plan.completed:
@@ -707,7 +769,8 @@ class Firing:
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
             lease = None if r.run_id in plan.carried else lease_at
             release = r.scheduled_for + r.deferred if r.deferred else r.scheduled_for
-            by_topic.setdefault(self._topic(tier), []).append((release, self._message(s, r, lease)))
+            message = self._message(s, r, lease, plan.note_on.get(r.run_id))
+            by_topic.setdefault(self._topic(tier), []).append((release, message))
 
         async def write() -> None:
             await self._runs.write(items)
@@ -756,10 +819,11 @@ class Firing:
         await self._queue.enqueue(topic, messages)
 
     def _message(
-        self, s: Schedule, run: Run, lease_at: datetime | None
+        self, s: Schedule, run: Run, lease_at: datetime | None, next_fire: datetime | None
     ) -> run_message_pb2.RunMessage:
         """The run's message; ``lease_at`` is set when a lease timer of its own waits for its
-        outcome (the API settles it), None when its lease is carried."""
+        outcome (the API settles it), None when its lease is carried; ``next_fire`` when the
+        API is to note the run's end on the schedule's next fire timer, due then."""
         m = run_message_pb2.RunMessage(
             schema_version=RUN_MESSAGE_SCHEMA_VERSION,
             run_id=run.run_id,
@@ -780,6 +844,8 @@ class Firing:
         set_timestamp(m.enqueue_time, run.enqueue_time)
         if lease_at is not None:
             set_timestamp(m.lease_expire_time, lease_at)
+        if next_fire is not None:
+            set_timestamp(m.next_fire_time, next_fire)
         if s.max_runtime:
             m.max_runtime.FromTimedelta(s.max_runtime)
         return m

@@ -21,7 +21,6 @@ from scheduler import metrics
 from scheduler.dead_letters import DeadLetter
 from scheduler.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler.model import (
-    STALE_RUN,
     BufferedRun,
     Run,
     RunStatus,
@@ -172,7 +171,7 @@ class Lifecycle:
         # Read after the state change: a run a dispatcher enqueued just before it is included.
         s = await svc.get(schedule_id)
         if cancel_running:
-            running = s.in_progress(svc.now(), stale_after=STALE_RUN)
+            running = await svc.in_progress(s, svc.now())
             if running:
                 await svc.runs.write(svc.runs.cancel_rows(running))
                 logger.info(
@@ -241,7 +240,7 @@ class Lifecycle:
             if force
             else decide_overlap(
                 s.policies.overlap,
-                s.in_progress(now, stale_after=STALE_RUN),
+                await svc.in_progress(s, now),
                 buffered=s.buffered is not None,
             )
         )

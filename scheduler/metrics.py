@@ -56,6 +56,12 @@ RUNS_LOST = Counter(
     "Attempts whose lease came due while they were not started or stopped heartbeating.",
     ["state"],
 )
+SCHEDULE_CACHE = Counter(
+    "cronscale_schedule_cache_total",
+    "Fire timers decided from the dispatcher's schedule cache (outcome=hit) or after reading "
+    "their schedules (outcome=read): scheduler.schedule_cache.",
+    ["outcome"],
+)
 LEASES_CARRIED = Counter(
     "cronscale_leases_carried_total",
     "Leases carried by a schedule's next fire timer, resolved when it fired: outcome=settled "

@@ -98,6 +98,11 @@ MISFIRE_THRESHOLD = timedelta(seconds=30)
 # blocks its schedule's overlap policy (nor a backfill's concurrency): its worker is presumed
 # gone.
 STALE_RUN = timedelta(minutes=2)
+# A run's end is noted on its schedule's next fire timer (RunMessage.next_fire_time) only while
+# that timer is due at least this far ahead: further than any scanner reads ahead (its
+# lookahead, 1 s, which bounds the fire-ahead too) plus the clock skew a dispatcher tolerates
+# (0.5 s), with room for the write itself. Later, the end goes on the schedule row.
+DONE_NOTE_LEAD = timedelta(seconds=10)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -616,3 +621,17 @@ class RunEventRecord:
     lease_expire_time: datetime | None = None
     # A STARTED whose worker asks first whether the attempt has run already (RunEvent.check_done).
     check_done: bool = False
+    # Echoed from the run message: when the schedule's next fire timer is due, on whose row the
+    # run's end is noted while that timer is at least ``DONE_NOTE_LEAD`` away (None: not set).
+    next_fire_time: datetime | None = None
+
+    def done_noted_on_timer(self, now: datetime) -> bool:
+        """Whether this event's end of run goes on the next fire timer's row instead of the
+        schedule row: a terminal event of a run whose message named that timer, recorded while
+        the timer is still far enough from due that no scanner can have read it."""
+        return (
+            self.status is not None
+            and self.status is not RunStatus.RUNNING
+            and self.next_fire_time is not None
+            and now + DONE_NOTE_LEAD < self.next_fire_time
+        )

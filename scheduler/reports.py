@@ -26,7 +26,7 @@ from scheduler.model import (
 )
 from scheduler.retries import FAILURES, Failures
 from scheduler.stores import RunStore, ScheduleStore, TimerStore
-from scheduler.timers import LeaseTimer, RunTimer
+from scheduler.timers import LeaseTimer, RunTimer, fire_timer_place
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,16 @@ class RunReports:
         return Recorded(cancel=cancel, done=done)
 
     def _settle(self, events: Sequence[RunEventRecord], now: datetime) -> list[Write]:
+        """Items settling finished attempts' lease timers, and noting on their schedules' next
+        fire timers the runs that ended (``RunEventRecord.done_noted_on_timer``; the store
+        then leaves the schedule row alone)."""
+        shards = self._timers.shard_count
+        notes = [
+            (fire_timer_place(e.schedule_id, e.next_fire_time, shards), e.run_id)
+            for e in events
+            if e.next_fire_time is not None and e.done_noted_on_timer(now)
+        ]
+        items = self._timers.done_rows(notes, now=now) if notes else []
         leases = [
             LeaseTimer(
                 schedule_id=e.schedule_id,
@@ -109,7 +119,7 @@ class RunReports:
             and e.lease_expire_time is not None
             and e.enqueue_time is not None
         ]
-        return self._timers.settle_rows(leases, now=now) if leases else []
+        return items + self._timers.settle_rows(leases, now=now) if leases else items
 
     async def _after_finish(
         self, finished: Sequence[RunEventRecord], schedules: Mapping[str, Schedule]

@@ -27,6 +27,7 @@ from scheduler.errors import (
     NotFound,
 )
 from scheduler.model import (
+    STALE_RUN,
     MisfireMode,
     Run,
     RunStatus,
@@ -100,6 +101,17 @@ class ScheduleService:
 
     def now(self) -> datetime:
         return self._clock()
+
+    async def in_progress(self, s: Schedule, now: datetime) -> list[str]:
+        """The schedule's runs in progress, as its overlap policy weighs them: the schedule
+        row's (``Schedule.in_progress``) less any that ended. A run fired at a slot notes its
+        end on the schedule's next fire timer, not on the schedule row (scheduler.reports), so
+        a run the row shows in progress is looked up (one read, on trigger and cancel only)."""
+        running = s.in_progress(now, stale_after=STALE_RUN)
+        if not running:
+            return running
+        ended = await self._runs.ended(running)
+        return [r for r in running if r not in ended]
 
     def first_fire(self, s: Schedule, now: datetime, *, fired: int = 0) -> FireTimer | None:
         """The schedule's pending timer for its first slot after ``now`` (the dispatcher's

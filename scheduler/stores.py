@@ -50,12 +50,23 @@ class TimerStore(Protocol):
         """The live timer stored at ``timer``'s place, or None (repair checks only)."""
         ...
 
+    def done_rows(self, notes: Iterable[tuple[Timer, str]], *, now: datetime) -> list[Write]:
+        """Items noting a run id in the ``done_run`` cell of timers not yet due (each given by
+        its place), read back with the timer; a place with no timer gets a row scanners skip."""
+        ...
+
 
 class ScheduleStore(Protocol):
     """Schedules as the firing path and run reporting see them."""
 
     async def get_many(self, ids: Sequence[str]) -> dict[str, Schedule]:
         """The schedules among ``ids`` that exist, in one multi-partition read."""
+        ...
+
+    async def changes(self, since: datetime, until: datetime) -> Sequence[tuple[datetime, str]]:
+        """The changes announced between ``since`` and ``until`` (when, schedule id): every
+        change to a schedule's state, generation, spec, policies, handler, payload or dependents
+        is announced before it is written."""
         ...
 
     def mark_active(self, schedule_id: str, run_id: str, now: datetime) -> Write:
@@ -125,6 +136,11 @@ class RunStore(Protocol):
     async def delivered(self, attempts: Mapping[str, int]) -> set[str]:
         """Which runs a worker has taken at the given attempt or a later one (for timers a new
         shard owner may fire again)."""
+        ...
+
+    async def ended(self, run_ids: Sequence[str]) -> set[str]:
+        """Which runs have ended (latest attempt over, or skipped): one read each, for the few
+        runs a schedule row shows in progress while their end was noted on a fire timer."""
         ...
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:

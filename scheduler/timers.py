@@ -288,6 +288,18 @@ def tenant_of(timer: Timer) -> str:
         return ""  # poison is the firing path's to quarantine, not the fairness order's
 
 
+def fire_timer_place(schedule_id: str, fire_at: datetime, shard_count: int) -> Timer:
+    """Where a schedule's fire timer due ``fire_at`` (not put off by a quota) is stored: its id
+    is the schedule's (``FireTimer.to_timer``). For a note left on it before it is due."""
+    return Timer(
+        fire_time=fire_at,
+        timer_id=schedule_id,
+        shard=shard_of(schedule_id, shard_count),
+        kind=FIRE,
+        key=schedule_id,
+    )
+
+
 def _timer(
     kind: str, key: str, timer_id: str, fire_at: datetime, doc: dict[str, Any], shard_count: int
 ) -> Timer:

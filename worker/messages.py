@@ -38,6 +38,8 @@ class RunTask:
     follow_up: run_message_pb2.FollowUp.ValueType = run_message_pb2.FOLLOW_UP_UNSPECIFIED
     # RunMessage.lease_expire_time, echoed in the run's terminal event (None: not set).
     lease_expire_time: datetime | None = None
+    # RunMessage.next_fire_time, echoed in the run's events (None: not set).
+    next_fire_time: datetime | None = None
     schema_version: int = SCHEMA_VERSION
 
 
@@ -87,6 +89,9 @@ def _to_task(msg: run_message_pb2.RunMessage) -> RunTask:
         lease_expire_time=from_timestamp(msg.lease_expire_time)
         if msg.HasField("lease_expire_time")
         else None,
+        next_fire_time=from_timestamp(msg.next_fire_time)
+        if msg.HasField("next_fire_time")
+        else None,
         # 0 is proto3's "unset": a producer that predates versioning wrote the first layout.
         schema_version=msg.schema_version or SCHEMA_VERSION,
     )
@@ -110,6 +115,8 @@ def encode_run_message(task: RunTask) -> bytes:
         msg.enqueue_time.FromDatetime(task.enqueue_time)
     if task.lease_expire_time is not None:
         msg.lease_expire_time.FromDatetime(task.lease_expire_time)
+    if task.next_fire_time is not None:
+        msg.next_fire_time.FromDatetime(task.next_fire_time)
     if task.max_runtime:
         msg.max_runtime.FromNanoseconds(round(task.max_runtime * 1e9))
     return msg.SerializeToString()

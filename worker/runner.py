@@ -415,6 +415,8 @@ class Runner:
                 set_timestamp(base.enqueue_time, task.enqueue_time)
             if task.lease_expire_time is not None:
                 set_timestamp(base.lease_expire_time, task.lease_expire_time)
+            if task.next_fire_time is not None:
+                set_timestamp(base.next_fire_time, task.next_fire_time)
             if state is not None:
                 state.event_base = base
         event = pb.RunEvent()

@@ -421,6 +421,7 @@ def event_from_proto(e: rr_pb2.RunEvent, index: int, *, now: datetime) -> RunEve
         lease_expire_time=(
             from_ts(e.lease_expire_time) if e.HasField("lease_expire_time") else None
         ),
+        next_fire_time=from_ts(e.next_fire_time) if e.HasField("next_fire_time") else None,
         check_done=e.check_done,
     )
 

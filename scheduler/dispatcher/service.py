@@ -17,6 +17,7 @@ from scheduler.health import HealthStatus, Readiness, cassandra_probe, serve_hea
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.repair import RepairSweep
 from scheduler.retries import DeadLetterPublisher, failures_of
+from scheduler.schedule_cache import ScheduleCache
 from scheduler.service import ScheduleService
 from scheduler.session import measure_clock, open_stores
 from scheduler.startup import until_up
@@ -98,6 +99,7 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 start_lease=timedelta(seconds=config.run_lease_s),
                 heartbeat_lease=timedelta(seconds=config.heartbeat_lease_s),
                 fire_ahead=timedelta(milliseconds=config.fire_ahead_ms),
+                cache=ScheduleCache(schedules, capacity=config.schedule_cache),
             )
             wheel = TimerWheel(
                 timers,

@@ -17,7 +17,9 @@ from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue
 from scheduler.reports import RunReports
 from scheduler.retries import DeadLetterPublisher, Failures, failures_of
+from scheduler.schedule_cache import ScheduleCache
 from scheduler.session import Stores
+from scheduler.stores import ScheduleStore
 
 
 def firing_on(
@@ -27,10 +29,13 @@ def firing_on(
     keyspace: str,
     *,
     fire_ahead: timedelta = timedelta(0),
+    cache: ScheduleCache | None = None,
+    schedules: ScheduleStore | None = None,
 ) -> Firing:
-    """The dispatcher's ``Firing`` as a dispatcher builds it, every tier producing to ``topic``."""
+    """The dispatcher's ``Firing`` as a dispatcher builds it, every tier producing to ``topic``
+    (without a schedule cache unless given one; ``schedules`` in place of the stores' own)."""
     return Firing(
-        schedules=stores.schedules,
+        schedules=schedules or stores.schedules,
         runs=stores.runs,
         timers=stores.timers,
         queue=queue,
@@ -44,6 +49,7 @@ def firing_on(
             dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
         ),
         fire_ahead=fire_ahead,
+        cache=cache,
     )
 
 

@@ -579,6 +579,39 @@ async def test_a_settled_timer_never_fires_whichever_write_lands_first(
     assert [f for f in fired if f in ("after", "before", "kept")] == ["kept"]
 
 
+async def test_a_note_on_a_timer_is_read_with_it_and_a_note_alone_is_no_timer(
+    store: CassandraTimerStore,
+) -> None:
+    """``done_rows`` leaves a note on a timer not yet due, read back with it. A note whose
+    timer was never written (its write failed; the batch fires again later) makes a row of the
+    note alone: the scanner does not take it for a timer."""
+    shard = 5
+    lease = await _claim(store, shard, "note-test")
+    now = datetime.now(UTC)
+    noted = Timer(
+        fire_time=now + timedelta(seconds=1), timer_id="noted", shard=shard, kind="t", key="n"
+    )
+    alone = replace(noted, timer_id="note-alone")
+    await store.put([noted], now=now)
+    await write_grouped(
+        store._session, store.done_rows([(noted, "run-1"), (alone, "run-2")], now=now)
+    )
+    fired: list[Timer] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(batch)
+
+    scanner = WheelScanner(store, on_due, grace=timedelta(seconds=1))
+    await scanner.add_shard(lease)
+    await asyncio.sleep(1.2)
+    await scanner.read(datetime.now(UTC))
+    await scanner.fire_due()
+    mine = [
+        (t.timer_id, t.kind, t.done_run) for t in fired if t.timer_id in ("noted", "note-alone")
+    ]
+    assert mine == [("noted", "t", "run-1")]
+
+
 async def test_due_timers_of_a_slow_grouped_write_are_put_again_where_scanners_read(
     store: CassandraTimerStore,
 ) -> None:

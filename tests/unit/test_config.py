@@ -54,3 +54,21 @@ def test_a_bad_fire_ahead_names_the_variable_and_the_problem(raw: str, problem: 
         Config.from_env({"CRONSCALE_FIRE_AHEAD_MS": raw})
     assert e.value.field == "CRONSCALE_FIRE_AHEAD_MS"
     assert problem in str(e.value)
+
+
+def test_the_schedule_cache_holds_200k_by_default_and_0_turns_it_off() -> None:
+    assert Config.from_env({}).schedule_cache == 200_000
+    assert Config.from_env({"CRONSCALE_SCHEDULE_CACHE": "0"}).schedule_cache == 0
+    assert Config.from_env({"CRONSCALE_SCHEDULE_CACHE": "5000"}).schedule_cache == 5000
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"), [("-1", "must be 0 or more, got -1"), ("lots", "must be an integer")]
+)
+def test_a_bad_schedule_cache_size_names_the_variable_and_the_problem(
+    raw: str, problem: str
+) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        Config.from_env({"CRONSCALE_SCHEDULE_CACHE": raw})
+    assert e.value.field == "CRONSCALE_SCHEDULE_CACHE"
+    assert problem in str(e.value)

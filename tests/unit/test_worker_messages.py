@@ -33,6 +33,7 @@ def test_decodes_every_field() -> None:
     msg = message(manual=True)
     msg.enqueue_time.FromDatetime(WHEN + timedelta(seconds=1))
     msg.max_runtime.FromTimedelta(timedelta(seconds=90))
+    msg.next_fire_time.FromDatetime(WHEN + timedelta(minutes=1))
     task = decode_run_message(msg.SerializeToString())
     assert task == RunTask(
         run_id="run-1",
@@ -45,6 +46,7 @@ def test_decodes_every_field() -> None:
         attempt=2,
         manual=True,
         max_runtime=90.0,
+        next_fire_time=WHEN + timedelta(minutes=1),
         schema_version=1,
     )
     assert task.scheduled_for.tzinfo is not None

@@ -82,6 +82,20 @@ async def test_success_reports_started_then_succeeded() -> None:
     assert started.scheduled_for.ToDatetime(tzinfo=UTC) == t.scheduled_for
 
 
+async def test_the_outcome_echoes_what_the_message_asked_echoed() -> None:
+    """The lease time and the next fire time, which tell the API where to settle the lease and
+    note the run's end (RunMessage.lease_expire_time, next_fire_time)."""
+    reporter = RecordingReporter()
+    runner, _ = make_runner(reporter)
+    lease, nxt = datetime(2026, 12, 4, 13, 5, tzinfo=UTC), datetime(2026, 12, 4, 13, 1, tzinfo=UTC)
+    await runner.run(replace(task("echo"), lease_expire_time=lease, next_fire_time=nxt))
+    outcome = reporter.events[-1]
+    assert outcome.lease_expire_time.ToDatetime(tzinfo=UTC) == lease
+    assert outcome.next_fire_time.ToDatetime(tzinfo=UTC) == nxt
+    await runner.run(task("echo"))
+    assert not reporter.events[-1].HasField("next_fire_time")
+
+
 async def test_the_fail_handler_reports_its_message() -> None:
     reporter = RecordingReporter()
     runner, _ = make_runner(reporter)

@@ -26,15 +26,15 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ronscale/v1/run_message.proto\x12\x0c\x63ronscale.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x03\n\nRunMessage\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x13\n\x0bschedule_id\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x0f\n\x07handler\x18\x05 \x01(\t\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12\x31\n\rscheduled_for\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x65nqueue_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x0e\n\x06manual\x18\n \x01(\x08\x12.\n\x0bmax_runtime\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\tfollow_up\x18\x0c \x01(\x0e\x32\x16.cronscale.v1.FollowUp\x12\x35\n\x11lease_expire_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp*Q\n\x08\x46ollowUp\x12\x19\n\x15\x46OLLOW_UP_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x46OLLOW_UP_NONE\x10\x01\x12\x16\n\x12\x46OLLOW_UP_REQUIRED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ronscale/v1/run_message.proto\x12\x0c\x63ronscale.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\x03\n\nRunMessage\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x13\n\x0bschedule_id\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x0f\n\x07handler\x18\x05 \x01(\t\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12\x31\n\rscheduled_for\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x65nqueue_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x0e\n\x06manual\x18\n \x01(\x08\x12.\n\x0bmax_runtime\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\tfollow_up\x18\x0c \x01(\x0e\x32\x16.cronscale.v1.FollowUp\x12\x35\n\x11lease_expire_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp*Q\n\x08\x46ollowUp\x12\x19\n\x15\x46OLLOW_UP_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x46OLLOW_UP_NONE\x10\x01\x12\x16\n\x12\x46OLLOW_UP_REQUIRED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cronscale.v1.run_message_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FOLLOWUP']._serialized_start=519
-  _globals['_FOLLOWUP']._serialized_end=600
+  _globals['_FOLLOWUP']._serialized_start=571
+  _globals['_FOLLOWUP']._serialized_end=652
   _globals['_RUNMESSAGE']._serialized_start=114
-  _globals['_RUNMESSAGE']._serialized_end=517
+  _globals['_RUNMESSAGE']._serialized_end=569
 # @@protoc_insertion_point(module_scope)

@@ -63,6 +63,7 @@ class RunMessage(_message.Message):
     MAX_RUNTIME_FIELD_NUMBER: _builtins.int
     FOLLOW_UP_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    NEXT_FIRE_TIME_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     """1 for this layout."""
     run_id: _builtins.str
@@ -93,6 +94,14 @@ class RunMessage(_message.Message):
         there is nothing for the API to settle.
         """
 
+    @_builtins.property
+    def next_fire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the schedule's next fire timer is due, set on a run fired at a slot whose next slot is
+        far enough ahead. Workers echo it in their terminal event; the API then records the run's end
+        on that timer's row, where the dispatcher finds it when it reads the timer, instead of on the
+        schedule row (which the dispatcher would have to read). Unset: the schedule row.
+        """
+
     def __init__(
         self,
         *,
@@ -109,10 +118,11 @@ class RunMessage(_message.Message):
         max_runtime: _duration_pb2.Duration | None = ...,
         follow_up: Global___FollowUp.ValueType = ...,
         lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        next_fire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "lease_expire_time", b"lease_expire_time", "max_runtime", b"max_runtime", "scheduled_for", b"scheduled_for"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "lease_expire_time", b"lease_expire_time", "max_runtime", b"max_runtime", "next_fire_time", b"next_fire_time", "scheduled_for", b"scheduled_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "follow_up", b"follow_up", "handler", b"handler", "lease_expire_time", b"lease_expire_time", "manual", b"manual", "max_runtime", b"max_runtime", "payload", b"payload", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "schema_version", b"schema_version", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "enqueue_time", b"enqueue_time", "follow_up", b"follow_up", "handler", b"handler", "lease_expire_time", b"lease_expire_time", "manual", b"manual", "max_runtime", b"max_runtime", "next_fire_time", b"next_fire_time", "payload", b"payload", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "schema_version", b"schema_version", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,23 +27,23 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(cronscale/v1/run_reporting_service.proto\x12\x0c\x63ronscale.v1\x1a\x1e\x63ronscale/v1/run_message.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8e\x04\n\x08RunEvent\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.cronscale.v1.RunEventKind\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x13\n\x0bschedule_id\x18\x03 \x01(\t\x12\x31\n\rscheduled_for\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x11\n\tworker_id\x18\x06 \x01(\t\x12.\n\nevent_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x30\n\x0c\x65nqueue_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\tfollow_up\x18\n \x01(\x0e\x32\x16.cronscale.v1.FollowUp\x12.\n\nstart_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rnon_retryable\x18\x0c \x01(\x08\x12.\n\x0bretry_after\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x11lease_expire_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncheck_done\x18\x0f \x01(\x08\";\n\x11ReportRunsRequest\x12&\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x16.cronscale.v1.RunEvent\"=\n\x12ReportRunsResponse\x12\'\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x19.cronscale.v1.RunEventAck\"E\n\x0bRunEventAck\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x18\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08*\xdd\x01\n\x0cRunEventKind\x12\x1e\n\x1aRUN_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16RUN_EVENT_KIND_STARTED\x10\x01\x12\x1c\n\x18RUN_EVENT_KIND_HEARTBEAT\x10\x02\x12\x1c\n\x18RUN_EVENT_KIND_SUCCEEDED\x10\x03\x12\x19\n\x15RUN_EVENT_KIND_FAILED\x10\x04\x12\x1c\n\x18RUN_EVENT_KIND_CANCELLED\x10\x05\x12\x1c\n\x18RUN_EVENT_KIND_TIMED_OUT\x10\x06\x32\xaa\x02\n\x13RunReportingService\x12O\n\nReportRuns\x12\x1f.cronscale.v1.ReportRunsRequest\x1a .cronscale.v1.ReportRunsResponse\x12=\n\x08StartRun\x12\x16.cronscale.v1.RunEvent\x1a\x19.cronscale.v1.RunEventAck\x12\x41\n\x0cHeartbeatRun\x12\x16.cronscale.v1.RunEvent\x1a\x19.cronscale.v1.RunEventAck\x12@\n\x0b\x43ompleteRun\x12\x16.cronscale.v1.RunEvent\x1a\x19.cronscale.v1.RunEventAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(cronscale/v1/run_reporting_service.proto\x12\x0c\x63ronscale.v1\x1a\x1e\x63ronscale/v1/run_message.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x04\n\x08RunEvent\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.cronscale.v1.RunEventKind\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x13\n\x0bschedule_id\x18\x03 \x01(\t\x12\x31\n\rscheduled_for\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x11\n\tworker_id\x18\x06 \x01(\t\x12.\n\nevent_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x30\n\x0c\x65nqueue_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\tfollow_up\x18\n \x01(\x0e\x32\x16.cronscale.v1.FollowUp\x12.\n\nstart_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rnon_retryable\x18\x0c \x01(\x08\x12.\n\x0bretry_after\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x11lease_expire_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncheck_done\x18\x0f \x01(\x08\x12\x32\n\x0enext_fire_time\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x11ReportRunsRequest\x12&\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x16.cronscale.v1.RunEvent\"=\n\x12ReportRunsResponse\x12\'\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x19.cronscale.v1.RunEventAck\"E\n\x0bRunEventAck\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x18\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08*\xdd\x01\n\x0cRunEventKind\x12\x1e\n\x1aRUN_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16RUN_EVENT_KIND_STARTED\x10\x01\x12\x1c\n\x18RUN_EVENT_KIND_HEARTBEAT\x10\x02\x12\x1c\n\x18RUN_EVENT_KIND_SUCCEEDED\x10\x03\x12\x19\n\x15RUN_EVENT_KIND_FAILED\x10\x04\x12\x1c\n\x18RUN_EVENT_KIND_CANCELLED\x10\x05\x12\x1c\n\x18RUN_EVENT_KIND_TIMED_OUT\x10\x06\x32\xaa\x02\n\x13RunReportingService\x12O\n\nReportRuns\x12\x1f.cronscale.v1.ReportRunsRequest\x1a .cronscale.v1.ReportRunsResponse\x12=\n\x08StartRun\x12\x16.cronscale.v1.RunEvent\x1a\x19.cronscale.v1.RunEventAck\x12\x41\n\x0cHeartbeatRun\x12\x16.cronscale.v1.RunEvent\x1a\x19.cronscale.v1.RunEventAck\x12@\n\x0b\x43ompleteRun\x12\x16.cronscale.v1.RunEvent\x1a\x19.cronscale.v1.RunEventAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cronscale.v1.run_reporting_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNEVENTKIND']._serialized_start=880
-  _globals['_RUNEVENTKIND']._serialized_end=1101
+  _globals['_RUNEVENTKIND']._serialized_start=932
+  _globals['_RUNEVENTKIND']._serialized_end=1153
   _globals['_RUNEVENT']._serialized_start=156
-  _globals['_RUNEVENT']._serialized_end=682
-  _globals['_REPORTRUNSREQUEST']._serialized_start=684
-  _globals['_REPORTRUNSREQUEST']._serialized_end=743
-  _globals['_REPORTRUNSRESPONSE']._serialized_start=745
-  _globals['_REPORTRUNSRESPONSE']._serialized_end=806
-  _globals['_RUNEVENTACK']._serialized_start=808
-  _globals['_RUNEVENTACK']._serialized_end=877
-  _globals['_RUNREPORTINGSERVICE']._serialized_start=1104
-  _globals['_RUNREPORTINGSERVICE']._serialized_end=1402
+  _globals['_RUNEVENT']._serialized_end=734
+  _globals['_REPORTRUNSREQUEST']._serialized_start=736
+  _globals['_REPORTRUNSREQUEST']._serialized_end=795
+  _globals['_REPORTRUNSRESPONSE']._serialized_start=797
+  _globals['_REPORTRUNSRESPONSE']._serialized_end=858
+  _globals['_RUNEVENTACK']._serialized_start=860
+  _globals['_RUNEVENTACK']._serialized_end=929
+  _globals['_RUNREPORTINGSERVICE']._serialized_start=1156
+  _globals['_RUNREPORTINGSERVICE']._serialized_end=1454
 # @@protoc_insertion_point(module_scope)

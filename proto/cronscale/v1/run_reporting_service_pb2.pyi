@@ -75,6 +75,7 @@ class RunEvent(_message.Message):
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     CHECK_DONE_FIELD_NUMBER: _builtins.int
+    NEXT_FIRE_TIME_FIELD_NUMBER: _builtins.int
     kind: Global___RunEventKind.ValueType
     run_id: _builtins.str
     schedule_id: _builtins.str
@@ -123,6 +124,10 @@ class RunEvent(_message.Message):
     def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
         """Echoed from the run message (RunMessage.lease_expire_time)."""
 
+    @_builtins.property
+    def next_fire_time(self) -> _timestamp_pb2.Timestamp:
+        """Echoed from the run message (RunMessage.next_fire_time) on a terminal event."""
+
     def __init__(
         self,
         *,
@@ -141,10 +146,11 @@ class RunEvent(_message.Message):
         retry_after: _duration_pb2.Duration | None = ...,
         lease_expire_time: _timestamp_pb2.Timestamp | None = ...,
         check_done: _builtins.bool = ...,
+        next_fire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "event_time", b"event_time", "lease_expire_time", b"lease_expire_time", "retry_after", b"retry_after", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueue_time", b"enqueue_time", "event_time", b"event_time", "lease_expire_time", b"lease_expire_time", "next_fire_time", b"next_fire_time", "retry_after", b"retry_after", "scheduled_for", b"scheduled_for", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "check_done", b"check_done", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "lease_expire_time", b"lease_expire_time", "non_retryable", b"non_retryable", "retry_after", b"retry_after", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "check_done", b"check_done", "enqueue_time", b"enqueue_time", "error", b"error", "event_time", b"event_time", "follow_up", b"follow_up", "kind", b"kind", "lease_expire_time", b"lease_expire_time", "next_fire_time", b"next_fire_time", "non_retryable", b"non_retryable", "retry_after", b"retry_after", "run_id", b"run_id", "schedule_id", b"schedule_id", "scheduled_for", b"scheduled_for", "start_time", b"start_time", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

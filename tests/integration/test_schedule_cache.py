@@ -1,0 +1,266 @@
+"""Firing without a schedule read (scheduler.schedule_cache), against the real Cassandra and
+Kafka: the run fired at a slot has its end noted on the schedule's next fire timer by the API,
+and the dispatcher fires that timer from its cache; an announced change, a run still in
+progress, or a note that never reached the timer make it read the schedule as before."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from bucketer.model import Timer
+from scheduler.cassandra import CassandraScheduleStore
+from scheduler.config import Config
+from scheduler.firing import Firing
+from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.lifecycle import Lifecycle
+from scheduler.model import (
+    DONE_NOTE_LEAD,
+    FollowUp,
+    OverlapMode,
+    RunEventRecord,
+    RunStatus,
+    Schedule,
+    SchedulePolicies,
+    ScheduleSpec,
+    ScheduleState,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
+from scheduler.reports import RunReports
+from scheduler.schedule_cache import ScheduleCache
+from scheduler.service import ScheduleService
+from scheduler.session import Stores, open_stores
+from scheduler.timers import FIRE, FireTimer
+from tests.integration.firing_support import firing_on, read_run_messages, reports_on
+
+MINUTE = timedelta(minutes=1)
+
+
+class CountingSchedules(CassandraScheduleStore):
+    """The real schedule store, counting the schedules the firing path reads."""
+
+    reads: list[str]
+
+    async def get_many(self, ids: Sequence[str]) -> dict[str, Schedule]:
+        self.reads.extend(ids)
+        return await super().get_many(ids)
+
+
+@dataclass
+class Rig:
+    stores: Stores
+    schedules: CountingSchedules
+    cache: ScheduleCache
+    firing: Firing
+    reports: RunReports
+    topic: str
+    bootstrap: str
+    keyspace: str
+
+
+@pytest.fixture
+async def rig(migrated: Config) -> AsyncIterator[Rig]:
+    stores = await open_stores(migrated)
+    schedules = CountingSchedules(stores.session, keyspace=migrated.keyspace)
+    schedules.reads = []
+    cache = ScheduleCache(schedules, capacity=100)
+    topic = f"{migrated.topic()}.cache-{uuid.uuid4().hex[:6]}"
+    await ensure_topics(migrated.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(migrated.kafka_bootstrap)
+    await queue.start()
+    firing = firing_on(stores, queue, topic, migrated.keyspace, cache=cache, schedules=schedules)
+    reports, _ = reports_on(
+        stores.session, migrated.keyspace, stores.timers.shard_count, schedules, stores.runs
+    )
+    try:
+        yield Rig(
+            stores,
+            schedules,
+            cache,
+            firing,
+            reports,
+            topic,
+            migrated.kafka_bootstrap,
+            migrated.keyspace,
+        )
+    finally:
+        await queue.stop()
+        stores.close()
+
+
+async def _every_minute(
+    rig: Rig, overlap: OverlapMode = OverlapMode.SKIP
+) -> tuple[Schedule, Timer]:
+    """A schedule firing at every minute's start, and the timer of its coming slot (handed
+    early, as fire-ahead does: its next slot is then a minute away, far beyond the lead)."""
+    now = datetime.now(UTC)
+    s = Schedule(
+        schedule_id=f"cached-{uuid.uuid4().hex[:8]}",
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
+        policies=SchedulePolicies(overlap=overlap),
+        generation=new_generation(),
+        create_time=now,
+        update_time=now,
+    )
+    await rig.stores.schedules.create(s)
+    slot = now.replace(second=0, microsecond=0) + MINUTE
+    timer = FireTimer(
+        schedule_id=s.schedule_id, generation=s.generation, slot=slot, scheduled_for=slot
+    ).to_timer(rig.stores.timers.shard_count)
+    return s, timer
+
+
+def _next_timer(rig: Rig, schedule_id: str, slot: datetime) -> Timer:
+    """The schedule's fire timer after ``slot`` as a scanner reads it (with its note)."""
+    rows = rig.stores.session.execute(
+        f"SELECT * FROM {rig.keyspace}.timers WHERE key = %s ALLOW FILTERING", (schedule_id,)
+    )
+    (t,) = [
+        t
+        for t in (Timer.from_row(r, shard=r.shard) for r in rows)
+        if t.kind == FIRE and FireTimer.from_timer(t).slot > slot
+    ]
+    return t
+
+
+async def _report(
+    rig: Rig, s: Schedule, slot: datetime, status: RunStatus, next_fire: datetime | None
+) -> None:
+    """The worker's report of the run fired at ``slot``, echoing its message."""
+    run_id = run_id_for(s.schedule_id, slot)
+    row = await rig.stores.runs.get(run_id)
+    now = datetime.now(UTC)
+    await rig.reports.record(
+        [
+            RunEventRecord(
+                run_id=run_id,
+                schedule_id=s.schedule_id,
+                scheduled_for=slot,
+                status=status,
+                event_time=now,
+                attempt=1,
+                enqueue_time=row.enqueue_time,
+                start_time=now if status is not RunStatus.RUNNING else None,
+                follow_up=FollowUp.NONE,
+                next_fire_time=next_fire,
+            )
+        ]
+    )
+
+
+async def test_a_run_s_end_noted_on_the_next_timer_lets_it_fire_without_a_read(rig: Rig) -> None:
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    assert rig.schedules.reads == [s.schedule_id]  # not cached yet
+
+    (message,) = await read_run_messages(rig.bootstrap, rig.topic)
+    nxt = slot + MINUTE
+    assert message.next_fire_time.ToDatetime(tzinfo=UTC) == nxt
+    await _report(rig, s, slot, RunStatus.SUCCEEDED, nxt)
+    # Noted on the timer, and the schedule row left alone.
+    timer = _next_timer(rig, s.schedule_id, slot)
+    assert timer.done_run == run_id_for(s.schedule_id, slot)
+    assert (await rig.stores.schedules.get(s.schedule_id)).done_run == ""
+
+    await rig.firing.on_due([timer])
+    assert rig.schedules.reads == [s.schedule_id], "the second slot read no schedule"
+    fired = await rig.stores.runs.get(run_id_for(s.schedule_id, nxt))
+    assert fired.status is RunStatus.ENQUEUED
+    messages = await read_run_messages(rig.bootstrap, rig.topic)
+    assert [m.run_id for m in messages] == [message.run_id, fired.run_id]
+    assert messages[1].payload == s.payload and messages[1].handler == s.handler
+
+
+async def test_an_announced_change_is_read_before_the_next_firing(rig: Rig) -> None:
+    """A pause that keeps the generation (so only the announcement can tell): the next slot
+    reads the schedule, finds it paused, and fires nothing."""
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    await _report(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
+    current = await rig.stores.schedules.get(s.schedule_id)
+    assert await rig.stores.schedules.change_state(
+        current,
+        state=ScheduleState.PAUSED,
+        generation=current.generation,
+        now=datetime.now(UTC),
+        next_fire_time=None,
+    )
+    await rig.firing.on_due([_next_timer(rig, s.schedule_id, slot)])
+    assert rig.schedules.reads == [s.schedule_id] * 2
+    assert [m.run_id for m in await read_run_messages(rig.bootstrap, rig.topic)] == [
+        run_id_for(s.schedule_id, slot)
+    ]
+
+
+async def test_a_run_still_in_progress_is_read_and_skips_the_slot(rig: Rig) -> None:
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    await _report(rig, s, slot, RunStatus.RUNNING, slot + MINUTE)
+    timer = _next_timer(rig, s.schedule_id, slot)
+    assert timer.done_run == ""
+    await rig.firing.on_due([timer])
+    assert rig.schedules.reads == [s.schedule_id] * 2
+    skipped = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + MINUTE))
+    assert (skipped.status, skipped.skip_reason) == (RunStatus.SKIPPED, "overlap")
+
+
+async def test_an_ended_run_whose_note_the_timer_missed_is_found_by_its_run_row(
+    rig: Rig,
+) -> None:
+    """The note landed after the scanner had read the timer (or on a timer a quota put off):
+    the schedule row still shows the run in progress; its run row says it ended, so the slot
+    fires."""
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    await _report(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
+    read_early = replace(_next_timer(rig, s.schedule_id, slot), done_run="")
+    await rig.firing.on_due([read_early])
+    assert rig.schedules.reads == [s.schedule_id] * 2
+    fired = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + MINUTE))
+    assert fired.status is RunStatus.ENQUEUED
+
+
+async def test_an_end_reported_too_close_to_the_next_slot_goes_on_the_schedule_row(
+    rig: Rig,
+) -> None:
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    soon = datetime.now(UTC) + DONE_NOTE_LEAD - timedelta(seconds=1)
+    await _report(rig, s, slot, RunStatus.SUCCEEDED, soon)
+    assert (await rig.stores.schedules.get(s.schedule_id)).done_run == run_id_for(
+        s.schedule_id, slot
+    )
+    assert _next_timer(rig, s.schedule_id, slot).done_run == ""
+
+
+async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: Rig) -> None:
+    """The schedule row still names the run fired at the slot (its end went on the next fire
+    timer): a manual trigger under SKIP looks the run up and runs; while it runs, it skips."""
+    svc = ScheduleService(schedules=rig.schedules, runs=rig.stores.runs, timers=rig.stores.timers)
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    await _report(rig, s, slot, RunStatus.RUNNING, slot + MINUTE)
+    row = await svc.get(s.schedule_id)
+    assert await svc.in_progress(row, datetime.now(UTC)) == [run_id_for(s.schedule_id, slot)]
+    skipped = await Lifecycle(svc).trigger(s.schedule_id, force=False)
+    assert skipped.status is RunStatus.SKIPPED
+
+    await _report(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
+    row = await svc.get(s.schedule_id)
+    assert row.active_run == run_id_for(s.schedule_id, slot) and row.done_run == ""
+    assert await svc.in_progress(row, datetime.now(UTC)) == []
+    triggered = await Lifecycle(svc).trigger(s.schedule_id, force=False)
+    assert triggered.status is RunStatus.ENQUEUED and triggered.manual
