@@ -97,6 +97,14 @@ def _scrape(port: int, metric: str) -> float:
     return total
 
 
+def warm_window_start(schedules: list[Schedule], now: datetime) -> datetime:
+    """The first whole minute after every schedule's first slot (and at least a minute from
+    ``now``, for the processes to start): the window where each has fired once already."""
+    first = max((s.next_fire_time for s in schedules if s.next_fire_time), default=now)
+    start = first.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return max(start, (now + timedelta(minutes=2)).replace(second=0, microsecond=0))
+
+
 def _cache_counts(ports: list[int]) -> dict[str, float]:
     """The dispatchers' fire timers decided from their schedule cache and after a read."""
     return {
@@ -351,9 +359,10 @@ def main(argv: list[str] | None = None) -> int:
             start(f"dispatcher{i}", "dispatcher", "--log-level", "WARNING")
         for i in range(args.workers):
             start(f"worker{i}", "worker", "--log-level", "WARNING", "--import", "loadtest.tally")
-        # Warm up: the first minute of slots, then measure whole minutes.
-        now = datetime.now(UTC)
-        lo = (now + timedelta(minutes=2)).replace(second=0, microsecond=0)
+        # Warm up: every schedule fires once before the window (the steady state of schedules
+        # that fire every minute: a first firing reads a schedule no dispatcher has cached),
+        # then measure whole minutes.
+        lo = warm_window_start(schedules, datetime.now(UTC))
         hi = lo + timedelta(minutes=args.minutes)
         time.sleep(max(0.0, (lo - datetime.now(UTC)).total_seconds()))
         pids = {n: p.pid for n, p in procs.items()}
