@@ -106,13 +106,16 @@ def warm_window_start(schedules: list[Schedule], now: datetime) -> datetime:
 
 
 def _cache_counts(ports: list[int]) -> dict[str, float]:
-    """The dispatchers' fire timers decided from their schedule cache and after a read."""
-    return {
+    """The dispatchers' fire timers decided from their schedule cache and after a read, and
+    the batches their firing logic was handed."""
+    counts = {
         outcome: sum(
             _scrape(p, f'cronscale_schedule_cache_total{{outcome="{outcome}"}}') for p in ports
         )
         for outcome in ("hit", "read")
     }
+    counts["batches"] = sum(_scrape(p, "cronscale_firing_batch_timers_count") for p in ports)
+    return counts
 
 
 SHAPES = {
@@ -459,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             else []
         ),
         f"- fire timers decided from the dispatchers' schedule cache: {cache['hit']:,.0f}, "
-        f"after reading their schedules: {cache['read']:,.0f}",
+        f"after reading their schedules: {cache['read']:,.0f}; firing batches "
+        f"{cache['batches']:,.0f} ({fired / max(cache['batches'], 1):,.1f} runs each)",
         "- resident memory at the window's end: "
         + ", ".join(f"{n} {rss[n]:,.0f} MiB" for n in sorted(rss)),
         f"- the measured processes kept {busy:.0%} of one core busy on average",

@@ -451,6 +451,7 @@ class Firing:
     async def on_due(self, due: Sequence[Timer]) -> None:
         """Fires a batch; raises if anything failed, so the scanner retries the batch."""
         started = time.perf_counter()
+        metrics.FIRING_BATCH.observe(len(due))
         fires: list[FireTimer] = []
         fire_timers: list[Timer] = []
         runs: list[RunTimer] = []

@@ -56,6 +56,11 @@ RUNS_LOST = Counter(
     "Attempts whose lease came due while they were not started or stopped heartbeating.",
     ["state"],
 )
+FIRING_BATCH = Histogram(
+    "cronscale_firing_batch_timers",
+    "Due timers handed to the firing logic at once (a batch: one write round, one produce).",
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
+)
 SCHEDULE_CACHE = Counter(
     "cronscale_schedule_cache_total",
     "Fire timers decided from the dispatcher's schedule cache (outcome=hit) or after reading "
