@@ -26,6 +26,7 @@ from worker.handlers import HandlerRegistry, default_registry, load_imports
 from worker.health import API, WorkerHealth
 from worker.reporter import RunReporter
 from worker.runner import Runner
+from worker.runtime import tune_gc
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,11 @@ def main(argv: list[str]) -> int:
         ", ".join(default_registry.names()),
         config.http_allow,
     )
+    try:
+        tune_gc()
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
     metrics.serve_metrics(config.metrics_port, config.metrics_addr)
     asyncio.run(_serve(config))
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 
 from scheduler.cli.logs import configure_logging
 from scheduler.config import Config
+from worker.runtime import tune_gc
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ def run_service(main: Callable[[], Coroutine[Any, Any, object]]) -> int:
     connections; a second one exits at once (status 130).
     """
     logger.debug("event loop: %s", use_fast_event_loop())
+    try:
+        logger.debug("gc thresholds: %s", tune_gc())
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     return asyncio.run(_supervise(main))
 
 
