@@ -12,9 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+import scheduler.cassandra
 from bucketer.model import Timer
 from scheduler.cassandra import CassandraScheduleStore
 from scheduler.config import Config
+from scheduler.errors import Unavailable
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.lifecycle import Lifecycle
@@ -264,3 +266,27 @@ async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: Rig) -> N
     assert await svc.in_progress(row, datetime.now(UTC)) == []
     triggered = await Lifecycle(svc).trigger(s.schedule_id, force=False)
     assert triggered.status is RunStatus.ENQUEUED and triggered.manual
+
+
+async def test_a_change_whose_announcement_was_too_slow_is_not_made(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher may have looked past an announcement that took longer than
+    ANNOUNCE_LIMIT to land: the API answers UNAVAILABLE and leaves the schedule as it was."""
+    s, _first = await _every_minute(rig)
+    current = await rig.stores.schedules.get(s.schedule_id)
+    monkeypatch.setattr(scheduler.cassandra, "ANNOUNCE_LIMIT", timedelta(0))
+    with pytest.raises(Unavailable, match="nothing was changed, try again"):
+        await rig.stores.schedules.change_state(
+            current,
+            state=ScheduleState.PAUSED,
+            generation=current.generation,
+            now=datetime.now(UTC),
+            next_fire_time=None,
+        )
+    after = await rig.stores.schedules.get(s.schedule_id)
+    assert (after.state, after.version) == (ScheduleState.ACTIVE, current.version)
+    # The announcement itself landed: dispatchers read the schedule afresh, which is harmless.
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    changes = await rig.stores.schedules.changes(since, datetime.now(UTC))
+    assert s.schedule_id in {sid for _at, sid in changes}
