@@ -84,9 +84,12 @@ def run_cell_time(scheduled_for: datetime, attempt: int, rank: int) -> int:
 class CassandraScheduleStore:
     """Schedules by id. Changes are compare-and-set on ``version`` (rare, so LWT is fine)."""
 
-    def __init__(self, session: Session, *, keyspace: str) -> None:
+    def __init__(
+        self, session: Session, *, keyspace: str, announce_limit: timedelta = ANNOUNCE_LIMIT
+    ) -> None:
         self._session = session
         self.q = Queries(session, Path(__file__).with_name("queries.cql"), keyspace=keyspace)
+        self._announce_limit = announce_limit
 
     async def create(self, s: Schedule) -> None:
         """Stores a new schedule; AlreadyExists if its id is taken."""
@@ -198,7 +201,7 @@ class CassandraScheduleStore:
             [Write((bucket,), self.q["announce_change"], (bucket, now, sid)) for sid in ids],
         )
         took = datetime.now(UTC) - now
-        if took > ANNOUNCE_LIMIT:
+        if took > self._announce_limit:
             raise Unavailable(
                 f"recording the change took {took.total_seconds():.1f} s (Cassandra overloaded); "
                 "nothing was changed, try again"

@@ -583,10 +583,12 @@ class Firing:
         wanted = [f.schedule_id for f in fires if f.schedule_id not in cached]
         wanted += [r.schedule_id for r in runs]
         read = await self._schedules.get_many(wanted) if wanted else {}
+        fired = {f.schedule_id for f in fires} - cached.keys()
+        if cache is not None:
+            cache.missed(len(fired))
         if not read:
             return cached
         now = self._clock()
-        fired = {f.schedule_id for f in fires} - cached.keys()
         noted = {t.key: t.done_run for t in fire_timers if t.done_run}
         in_progress: dict[str, str] = {}
         for sid in fired & read.keys():
@@ -602,7 +604,6 @@ class Firing:
             sid = in_progress.pop(run_id)
             read[sid] = replace(read[sid], done_run=run_id)
         if cache is not None:
-            cache.missed(len(fired))
             for sid in fired & read.keys():
                 s = read[sid]
                 cache.put(s, active_run=s.active_run if s.active_run != s.done_run else "")

@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import scheduler.cassandra
 from bucketer.model import Timer
 from scheduler.cassandra import CassandraScheduleStore
 from scheduler.config import Config
@@ -268,16 +267,17 @@ async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: Rig) -> N
     assert triggered.status is RunStatus.ENQUEUED and triggered.manual
 
 
-async def test_a_change_whose_announcement_was_too_slow_is_not_made(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_change_whose_announcement_was_too_slow_is_not_made(rig: Rig) -> None:
     """A dispatcher may have looked past an announcement that took longer than
     ANNOUNCE_LIMIT to land: the API answers UNAVAILABLE and leaves the schedule as it was."""
     s, _first = await _every_minute(rig)
     current = await rig.stores.schedules.get(s.schedule_id)
-    monkeypatch.setattr(scheduler.cassandra, "ANNOUNCE_LIMIT", timedelta(0))
+    # Any announcement takes longer than no time at all.
+    impatient = CassandraScheduleStore(
+        rig.stores.session, keyspace=rig.keyspace, announce_limit=timedelta(0)
+    )
     with pytest.raises(Unavailable, match="nothing was changed, try again"):
-        await rig.stores.schedules.change_state(
+        await impatient.change_state(
             current,
             state=ScheduleState.PAUSED,
             generation=current.generation,
