@@ -36,6 +36,7 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cassandra.cluster import Session
 
@@ -273,6 +274,13 @@ def account(
 
 
 def main(argv: list[str] | None = None) -> int:
+    run(argv)
+    return 0
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs one benchmark (``argv`` as on the command line); returns the report's figures (what
+    the JSON beside the report holds)."""
     p = argparse.ArgumentParser(
         prog="python -m loadtest.firing", description=__doc__.split("\n")[0]
     )
@@ -478,35 +486,37 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.shape} {args.rate:,}/min, {args.dispatchers} dispatcher(s), {args.workers} "
         f"worker(s): {sum(per_firing.values()):.3f} CPU ms/firing, lag p99 {pct(lags, 0.99):.3f} s"
     )
+    numbers: dict[str, Any] = {
+        "title": title,
+        "shape": args.shape,
+        "rate_per_min": args.rate,
+        "dispatchers": args.dispatchers,
+        "workers": args.workers,
+        "shards": args.shards,
+        "window": [lo.isoformat(), hi.isoformat()],
+        "wall_s": round(wall, 2),
+        "fired": fired,
+        "schedule_cache": cache,
+        "expected": expected,
+        "lost": len(lost),
+        "ran_twice": len(doubled),
+        "lag_s": {
+            "p50": pct(lags, 0.5),
+            "p99": pct(lags, 0.99),
+            "max": max(lags, default=math.nan),
+        },
+        "cpu_s": cpu,
+        "cpu_ms_per_firing": per_firing,
+        "cpu_ms_per_firing_total": sum(per_firing.values()),
+        "registration_per_s": reg_rate,
+        "stored": args.stored,
+        "stored_disk_bytes": disk,
+        "rss_mib": rss,
+        "busy_cores": round(busy, 3),
+    }
     json_path, png_path = figures.write(
         REPORTS / f"firing-{stamp}",
-        {
-            "title": title,
-            "shape": args.shape,
-            "rate_per_min": args.rate,
-            "dispatchers": args.dispatchers,
-            "workers": args.workers,
-            "shards": args.shards,
-            "window": [lo.isoformat(), hi.isoformat()],
-            "wall_s": round(wall, 2),
-            "fired": fired,
-            "schedule_cache": cache,
-            "expected": expected,
-            "lost": len(lost),
-            "ran_twice": len(doubled),
-            "lag_s": {
-                "p50": pct(lags, 0.5),
-                "p99": pct(lags, 0.99),
-                "max": max(lags, default=math.nan),
-            },
-            "cpu_s": cpu,
-            "cpu_ms_per_firing": per_firing,
-            "cpu_ms_per_firing_total": sum(per_firing.values()),
-            "registration_per_s": reg_rate,
-            "stored": args.stored,
-            "stored_disk_bytes": disk,
-            "rss_mib": rss,
-        },
+        numbers,
         timeline,
         samples,
         lo.timestamp(),
@@ -515,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines) + "\n"
     (REPORTS / f"firing-{stamp}.md").write_text(report)
     print(report)
-    return 0
+    return numbers
 
 
 if __name__ == "__main__":
