@@ -45,6 +45,7 @@ from bucketer.cql import connect
 from bucketer.model import Timer
 from loadtest import figures
 from loadtest.figures import pct
+from loadtest.netns import SimulatedHost
 from loadtest.tally import ENV_DIR, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
@@ -73,6 +74,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_of(address: str) -> int:
+    """The port of ``host:port`` (the first of a comma-separated list)."""
+    return int(address.split(",")[0].rsplit(":", 1)[1])
+
+
+def failover(
+    timeline: list[tuple[float, float]], killed_at: float, *, late: float = 2.0
+) -> dict[str, float]:
+    """How the slots due from ``killed_at`` on fared after a host was lost: the longest lag,
+    and how long after the kill the last slot later than ``late`` seconds started (the time
+    until every shard fired on time again). ``timeline`` holds (scheduled, lag) in epoch
+    seconds."""
+    after = [(at, lag) for at, lag in timeline if at >= killed_at]
+    slow = [at + lag for at, lag in after if lag > late]
+    return {
+        "slots_after_kill": float(len(after)),
+        "max_lag_s": max((lag for _at, lag in after), default=math.nan),
+        "recovered_after_s": (max(slow) - killed_at) if slow else 0.0,
+    }
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a live process (0 if it is gone)."""
     try:
@@ -89,8 +111,9 @@ def _service_pid(settings: LocalSettings, name: str) -> int | None:
         return None
 
 
-def _scrape(port: int, metric: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+def _scrape(address: str, metric: str) -> float:
+    """The sum of ``metric``'s samples at ``address`` (host:port of a /metrics endpoint)."""
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
     total = 0.0
     for line in body.splitlines():
         if line.startswith(metric) and not line.startswith("#"):
@@ -106,7 +129,7 @@ def warm_window_start(schedules: list[Schedule], now: datetime) -> datetime:
     return max(start, (now + timedelta(minutes=2)).replace(second=0, microsecond=0))
 
 
-def _cache_counts(ports: list[int]) -> dict[str, float]:
+def _cache_counts(ports: list[str]) -> dict[str, float]:
     """The dispatchers' fire timers decided from their schedule cache and after a read, and
     the batches their firing logic was handed."""
     counts = {
@@ -128,6 +151,8 @@ SHAPES = {
 # The --stored schedules: stored and live, due once a year (Jan 1 00:00 UTC), so never in a run.
 STORED = ScheduleSpec(kind=SpecKind.CRON, cron="0 0 1 1 *")
 STORED_CHUNK = 5000
+# Seconds Cassandra and Kafka are measured alone before an idle run (--rate 0).
+IDLE_BASELINE_S = 30.0
 STORED_IN_FLIGHT = 4
 
 
@@ -284,7 +309,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(
         prog="python -m loadtest.firing", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--rate", type=int, default=10_000, help="firings per minute (= schedules)")
+    p.add_argument(
+        "--rate",
+        type=int,
+        default=10_000,
+        help="firings per minute (= schedules); 0: the idle cost, nothing due",
+    )
     p.add_argument(
         "--shape",
         choices=sorted(SHAPES),
@@ -299,6 +329,20 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "--drain", type=float, default=30.0, help="seconds to wait for the window's last runs"
     )
     p.add_argument(
+        "--netns-pairs",
+        type=int,
+        default=0,
+        help="more dispatcher + worker pairs, each on a simulated host of its own (a network "
+        "namespace joined by a veth pair; loadtest.netns; needs root)",
+    )
+    p.add_argument(
+        "--kill-netns-after",
+        type=float,
+        default=None,
+        help="seconds into the window to SIGKILL the simulated hosts' processes (a host lost): "
+        "the report gives the failover (how long their shards' slots waited)",
+    )
+    p.add_argument(
         "--stored",
         type=int,
         default=0,
@@ -306,6 +350,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "the firing cost and lag among 10 million stored schedules",
     )
     args = p.parse_args(argv)
+    if args.rate < 0:
+        p.error("--rate: must be 0 (idle) or more firings per minute")
+    if args.netns_pairs < 0:
+        p.error("--netns-pairs: must be 0 or more")
+    if args.kill_netns_after is not None and (
+        not args.netns_pairs or not 0 <= args.kill_netns_after < args.minutes * 60
+    ):
+        p.error("--kill-netns-after: needs --netns-pairs and a time within the window")
 
     token = uuid.uuid4().hex[:8]
     api_port = _free_port()
@@ -345,31 +397,67 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     tally_dir = logs / "tally"
     env[ENV_DIR] = str(tally_dir)
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    metric_ports: dict[str, int] = {}
+    # Where each process serves /metrics (host:port).
+    metric_at: dict[str, str] = {}
+    hosts: list[SimulatedHost] = []
+    # The processes on simulated hosts (killed with --kill-netns-after).
+    remote: set[str] = set()
 
-    def start(name: str, *cmd: str) -> None:
+    def start(name: str, *cmd: str, host: SimulatedHost | None = None) -> None:
         port = _free_port()
-        metric_ports[name] = port
+        address = host.address if host else "127.0.0.1"
+        metric_at[name] = f"{address}:{port}"
+        argv = [sys.executable, "-m", "scheduler.cli", *cmd]
         with (logs / f"{name}.log").open("ab") as log:
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "scheduler.cli", *cmd],
+                host.command(argv) if host else argv,
                 env={
                     **env,
                     "CRONSCALE_METRICS_PORT": str(port),
+                    "CRONSCALE_METRICS_ADDR": address,
                     "CRONSCALE_INSTANCE_ID": f"{name}-{token}",
                 },
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
             )
+        if host:
+            remote.add(name)
 
     settings = LocalSettings.from_env()
+    killed_at: float | None = None
+    relay_cpu = 0.0
+    # With nothing to fire (--rate 0), what Cassandra and Kafka cost on their own first.
+    alone: dict[str, float] = {}
+    if args.rate == 0:
+        services = {svc: _service_pid(settings, svc) for svc in ("cassandra", "kafka")}
+        before = {svc: cpu_seconds(pid) for svc, pid in services.items() if pid}
+        time.sleep(IDLE_BASELINE_S)
+        alone = {
+            svc: (cpu_seconds(pid) - before[svc]) / IDLE_BASELINE_S
+            for svc, pid in services.items()
+            if pid
+        }
     try:
         start("api", "api", "--log-level", "WARNING")
         for i in range(args.dispatchers):
             start(f"dispatcher{i}", "dispatcher", "--log-level", "WARNING")
         for i in range(args.workers):
             start(f"worker{i}", "worker", "--log-level", "WARNING", "--import", "loadtest.tally")
+        for i in range(args.netns_pairs):
+            host = SimulatedHost(f"cs-{token}-{i + 1}", i + 1, env=env, logs=logs)
+            hosts.append(host)
+            host.up([config.cassandra_port, _port_of(config.kafka_bootstrap), api_port])
+            start(f"dispatcher-ns{i + 1}", "dispatcher", "--log-level", "WARNING", host=host)
+            start(
+                f"worker-ns{i + 1}",
+                "worker",
+                "--log-level",
+                "WARNING",
+                "--import",
+                "loadtest.tally",
+                host=host,
+            )
         # Warm up: every schedule fires once before the window (the steady state of schedules
         # that fire every minute: a first firing reads a schedule no dispatcher has cached),
         # then measure whole minutes.
@@ -386,32 +474,65 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     "from another checkout)"
                 )
             pids[svc] = pid
-        cpu0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
-        fired0 = sum(
-            _scrape(metric_ports[n], "cronscale_runs_enqueued_total")
-            for n in procs
-            if n.startswith("dispatcher")
-        )
-        dispatchers = [metric_ports[n] for n in procs if n.startswith("dispatcher")]
-        cache0 = _cache_counts(dispatchers)
+        relays = [pid for h in hosts for pid in h.relay_pids]
+        relay0 = sum(cpu_seconds(pid) for pid in relays)
+        # A killed process keeps the CPU and counts it had when it was killed.
+        last_cpu = {n: cpu_seconds(pid) for n, pid in pids.items()}
+
+        def cpu_now() -> dict[str, float]:
+            for n, pid in pids.items():
+                if n not in remote or killed_at is None:
+                    last_cpu[n] = cpu_seconds(pid)
+            return dict(last_cpu)
+
+        dispatchers = [n for n in procs if n.startswith("dispatcher")]
+        frozen: dict[str, tuple[float, dict[str, float]]] = {}
+
+        def counts() -> tuple[float, dict[str, float]]:
+            fired = 0.0
+            cache = {"hit": 0.0, "read": 0.0, "batches": 0.0}
+            for n in dispatchers:
+                if n in frozen:
+                    f, c = frozen[n]
+                else:
+                    f = _scrape(metric_at[n], "cronscale_runs_enqueued_total")
+                    c = _cache_counts([metric_at[n]])
+                fired += f
+                cache = {k: v + c[k] for k, v in cache.items()}
+            return fired, cache
+
+        cpu0 = cpu_now()
+        fired0, cache0 = counts()
         wall0 = time.monotonic()
         # Every measured process's CPU once a second, for the figures.
         samples: list[tuple[float, dict[str, float]]] = [(time.time(), cpu0)]
-        while (left := (hi - datetime.now(UTC)).total_seconds()) > 0:
-            time.sleep(min(1.0, left))
-            samples.append((time.time(), {n: cpu_seconds(pid) for n, pid in pids.items()}))
-        wall = time.monotonic() - wall0
-        cpu1 = {n: cpu_seconds(pid) for n, pid in pids.items()}
-        rss = {n: _rss_mib(pid) for n, pid in pids.items()}
-        fired = (
-            sum(
-                _scrape(metric_ports[n], "cronscale_runs_enqueued_total")
-                for n in procs
-                if n.startswith("dispatcher")
-            )
-            - fired0
+        kill_at = (
+            lo + timedelta(seconds=args.kill_netns_after)
+            if args.kill_netns_after is not None
+            else None
         )
-        cache = {k: v - cache0[k] for k, v in _cache_counts(dispatchers).items()}
+        while (left := (hi - datetime.now(UTC)).total_seconds()) > 0:
+            if kill_at is not None and killed_at is None and datetime.now(UTC) >= kill_at:
+                for n in dispatchers:
+                    if n in remote:
+                        frozen[n] = (
+                            _scrape(metric_at[n], "cronscale_runs_enqueued_total"),
+                            _cache_counts([metric_at[n]]),
+                        )
+                cpu_now()
+                for n in remote:
+                    procs[n].kill()
+                killed_at = time.time()
+                print(f"killed the simulated hosts' processes at {datetime.now(UTC):%H:%M:%S}")
+            time.sleep(min(1.0, left))
+            samples.append((time.time(), cpu_now()))
+        wall = time.monotonic() - wall0
+        cpu1 = cpu_now()
+        relay_cpu = sum(cpu_seconds(pid) for pid in relays) - relay0
+        rss = {n: _rss_mib(pid) for n, pid in pids.items() if n not in frozen}
+        fired_at_end, cache_at_end = counts()
+        fired = fired_at_end - fired0
+        cache = {k: v - cache0[k] for k, v in cache_at_end.items()}
         # Let the window's last runs start (a backlog drains), then count from the handlers.
         deadline = time.monotonic() + args.drain
         expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
@@ -427,6 +548,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        for host in hosts:
+            host.down()
         session = connect(
             config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
         )
@@ -434,6 +557,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         session.cluster.shutdown()
 
     cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
+    lost_host = failover(timeline, killed_at) if killed_at is not None else None
     per_firing = {n: 1000 * c / fired for n, c in cpu.items()} if fired else {}
     ours = sum(v for n, v in per_firing.items() if n not in ("cassandra", "kafka"))
     REPORTS.mkdir(parents=True, exist_ok=True)
@@ -444,6 +568,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             [("scheduled_for", "start_lag_s"), *((round(t, 3), round(x, 4)) for t, x in timeline)]
         )
     busy = sum(cpu.values()) / wall
+    ours_busy = sum(c for n, c in cpu.items() if n not in ("cassandra", "kafka")) / wall
     lines = [
         f"# Firing load {stamp}",
         "",
@@ -459,6 +584,26 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         f"{pct(lags, 0.5):.3f} s, p99 {pct(lags, 0.99):.3f} s, max "
         f"{max(lags, default=float('nan')):.3f} s, mean "
         f"{statistics.fmean(lags) if lags else float('nan'):.3f} s",
+        *(
+            [
+                f"- {args.netns_pairs} more dispatcher + worker pair(s) on simulated hosts "
+                "(network namespaces over veth pairs); their relays took "
+                f"{relay_cpu:.1f} CPU s (not counted below)"
+            ]
+            if args.netns_pairs
+            else []
+        ),
+        *(
+            [
+                f"- **host lost**: the simulated hosts' processes were SIGKILLed "
+                f"{args.kill_netns_after:g} s into the window; of the "
+                f"{lost_host['slots_after_kill']:,.0f} slots due after it the longest waited "
+                f"{lost_host['max_lag_s']:.2f} s, and the last one later than 2 s started "
+                f"{lost_host['recovered_after_s']:.1f} s after the kill"
+            ]
+            if lost_host is not None
+            else []
+        ),
         f"- registration (direct import): {reg_rate:,.0f} schedules/s",
         *(
             [
@@ -476,11 +621,24 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         + ", ".join(f"{n} {rss[n]:,.0f} MiB" for n in sorted(rss)),
         f"- the measured processes kept {busy:.0%} of one core busy on average",
         "",
-        "| process | CPU s | CPU ms per firing |",
-        "| --- | --- | --- |",
-        *(f"| {n} | {cpu[n]:.1f} | {per_firing.get(n, float('nan')):.3f} |" for n in sorted(cpu)),
-        f"| **all cronscale processes** | | **{ours:.3f}** |",
-        f"| **everything** | | **{sum(per_firing.values()):.3f}** |",
+        *(
+            [
+                "- idle (`--rate 0`): before any cronscale process started, over "
+                f"{IDLE_BASELINE_S:g} s, "
+                + ", ".join(f"{n} alone used {v:.1%} of a core" for n, v in sorted(alone.items()))
+            ]
+            if alone
+            else []
+        ),
+        "",
+        "| process | CPU s | % of a core | CPU ms per firing |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {n} | {cpu[n]:.1f} | {cpu[n] / wall:.1%} | {per_firing.get(n, float('nan')):.3f} |"
+            for n in sorted(cpu)
+        ),
+        f"| **all cronscale processes** | | {ours_busy:.1%} | **{ours:.3f}** |",
+        f"| **everything** | | {busy:.1%} | **{sum(per_firing.values()):.3f}** |",
     ]
     title = (
         f"{args.shape} {args.rate:,}/min, {args.dispatchers} dispatcher(s), {args.workers} "
@@ -513,6 +671,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "stored_disk_bytes": disk,
         "rss_mib": rss,
         "busy_cores": round(busy, 3),
+        "netns_pairs": args.netns_pairs,
+        "relay_cpu_s": round(relay_cpu, 2),
+        "host_lost": lost_host,
     }
     json_path, png_path = figures.write(
         REPORTS / f"firing-{stamp}",
