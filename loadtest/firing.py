@@ -95,6 +95,56 @@ def failover(
     }
 
 
+def herd_second(now: datetime, count: int) -> datetime:
+    """When a one-off herd of ``count`` schedules is due: a whole minute after their import
+    (at ~4,000/s, the harness's direct import on this box is faster) and the processes' start."""
+    at = now + timedelta(seconds=count / 4000 + 150)
+    return at.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+def account_herd(
+    herd: list[Schedule], tally_dir: Path, due: datetime
+) -> tuple[list[str], dict[str, int], list[float]]:
+    """From the handlers' own record, the one-off herd due at ``due``: which slots never ran,
+    which ran more than once, and each one's start lag."""
+    expected = {run_id_for(s.schedule_id, due) for s in herd}
+    counts: dict[str, int] = {}
+    lags: list[float] = []
+    for run_id, _attempt, started in read_tallies(tally_dir):
+        if run_id in expected:
+            counts[run_id] = counts.get(run_id, 0) + 1
+            if counts[run_id] == 1:
+                lags.append(started - due.timestamp())
+    lost = sorted(expected - counts.keys())
+    return lost, {r: n for r, n in counts.items() if n > 1}, lags
+
+
+def herd_lines(
+    at: datetime | None,
+    count: int,
+    lost: list[str],
+    twice: dict[str, int],
+    lags: list[float],
+    timeline: list[tuple[float, float]],
+) -> list[str]:
+    """The report's lines on a one-off herd: how it drained, and the lag of the other slots
+    due while it drained."""
+    if at is None:
+        return []
+    drained = max(lags, default=math.nan)
+    t0 = at.timestamp()
+    beside = [lag for due, lag in timeline if t0 <= due <= t0 + drained]
+    return [
+        f"- **herd of {count:,} due at {at:%H:%M:%S}**: {count - len(lost):,} ran, "
+        f"**{len(lost):,} lost**, **{len(twice):,} ran more than once**; start lag p50 "
+        f"{pct(lags, 0.5):.2f} s, p99 {pct(lags, 0.99):.2f} s, the last {drained:.1f} s after "
+        f"the second ({count / drained if drained > 0 else math.nan:,.0f} herd firings/s)",
+        f"- the {len(beside):,} other slots due while it drained: lag p50 "
+        f"{pct(beside, 0.5):.2f} s, p99 {pct(beside, 0.99):.2f} s, max "
+        f"{max(beside, default=math.nan):.2f} s",
+    ]
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a live process (0 if it is gone)."""
     try:
@@ -343,6 +393,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "the report gives the failover (how long their shards' slots waited)",
     )
     p.add_argument(
+        "--herd-once",
+        type=int,
+        default=0,
+        help="more schedules, all due in one second inside the window and not again (daily "
+        "cron): how fast a herd of this size drains beside the --rate load",
+    )
+    p.add_argument(
         "--stored",
         type=int,
         default=0,
@@ -352,6 +409,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.rate < 0:
         p.error("--rate: must be 0 (idle) or more firings per minute")
+    if args.herd_once < 0:
+        p.error("--herd-once: must be 0 or more schedules")
     if args.netns_pairs < 0:
         p.error("--netns-pairs: must be 0 or more")
     if args.kill_netns_after is not None and (
@@ -375,6 +434,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     # The stored ones first: the firing schedules' first slots are the minute after they are
     # registered, which a long import would leave in the past.
     stored_rate = asyncio.run(register_stored(config, args.stored)) if args.stored else 0.0
+    herd: list[Schedule] = []
+    herd_at: datetime | None = None
+    if args.herd_once:
+        herd_at = herd_second(datetime.now(UTC), args.herd_once)
+        daily = ScheduleSpec(kind=SpecKind.CRON, cron=f"0 {herd_at.minute} {herd_at.hour} * * *")
+        herd, herd_rate = asyncio.run(register(config, args.herd_once, daily))
+        print(f"registered a herd of {len(herd)} due at {herd_at:%H:%M:%S} ({herd_rate:,.0f}/s)")
     schedules, reg_rate = asyncio.run(register(config, args.rate, SHAPES[args.shape]))
     print(f"registered {len(schedules)} schedules at {reg_rate:,.0f}/s (direct import)")
 
@@ -462,6 +528,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         # that fire every minute: a first firing reads a schedule no dispatcher has cached),
         # then measure whole minutes.
         lo = warm_window_start(schedules, datetime.now(UTC))
+        if herd_at is not None:
+            if herd_at < lo:
+                raise SystemExit(
+                    f"the herd came due at {herd_at:%H:%M:%S}, before the window could start "
+                    f"({lo:%H:%M:%S}): the import was slower than herd_second assumes"
+                )
+            lo = max(lo, herd_at - timedelta(minutes=1))
         hi = lo + timedelta(minutes=args.minutes)
         time.sleep(max(0.0, (lo - datetime.now(UTC)).total_seconds()))
         pids = {n: p.pid for n, p in procs.items()}
@@ -536,9 +609,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         # Let the window's last runs start (a backlog drains), then count from the handlers.
         deadline = time.monotonic() + args.drain
         expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
-        while lost and time.monotonic() < deadline:
+        herd_lost, herd_twice, herd_lags = (
+            account_herd(herd, tally_dir, herd_at) if herd_at else ([], {}, [])
+        )
+        while (lost or herd_lost) and time.monotonic() < deadline:
             time.sleep(2)
             expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
+            if herd_at:
+                herd_lost, herd_twice, herd_lags = account_herd(herd, tally_dir, herd_at)
         disk = _keyspace_bytes(settings, config.keyspace) if args.stored else 0
     finally:
         for proc in procs.values():
@@ -604,6 +682,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if lost_host is not None
             else []
         ),
+        *(herd_lines(herd_at, len(herd), herd_lost, herd_twice, herd_lags, timeline)),
         f"- registration (direct import): {reg_rate:,.0f} schedules/s",
         *(
             [
@@ -674,6 +753,17 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "netns_pairs": args.netns_pairs,
         "relay_cpu_s": round(relay_cpu, 2),
         "host_lost": lost_host,
+        "herd_once": {
+            "count": len(herd),
+            "due": herd_at.isoformat() if herd_at else None,
+            "lost": len(herd_lost),
+            "ran_twice": len(herd_twice),
+            "lag_s": {
+                "p50": pct(herd_lags, 0.5),
+                "p99": pct(herd_lags, 0.99),
+                "max": max(herd_lags, default=math.nan),
+            },
+        },
     }
     json_path, png_path = figures.write(
         REPORTS / f"firing-{stamp}",

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from loadtest.firing import SHAPES, new_schedule, warm_window_start
+from loadtest.firing import (
+    SHAPES,
+    account_herd,
+    herd_lines,
+    herd_second,
+    new_schedule,
+    warm_window_start,
+)
+from scheduler.model import ScheduleSpec, SpecKind, run_id_for
+from scheduler.slots import next_slot
 
 NOW = datetime(2026, 12, 4, 13, 0, 20, tzinfo=UTC)
 
@@ -30,3 +40,31 @@ def test_a_herd_is_measured_from_its_second_minute() -> None:
 
 def test_the_processes_get_at_least_a_minute_to_start() -> None:
     assert warm_window_start([], NOW) == datetime(2026, 12, 4, 13, 2, tzinfo=UTC)
+
+
+def test_a_one_off_herd_is_due_once_a_whole_minute_after_its_import() -> None:
+    at = herd_second(NOW, 1_000_000)  # 250 s of import + 150 s, then the next whole minute
+    assert at == datetime(2026, 12, 4, 13, 8, tzinfo=UTC)
+    daily = ScheduleSpec(kind=SpecKind.CRON, cron=f"0 {at.minute} {at.hour} * * *")
+    s, _timer = new_schedule("o", daily, NOW, NOW + timedelta(seconds=60), 64)
+    assert s.next_fire_time == at
+    again = next_slot(s, at)
+    assert again is not None and again.at == at + timedelta(days=1)  # not again in the run
+
+
+def test_a_herd_is_accounted_from_the_handlers_record(tmp_path: Path) -> None:
+    at = herd_second(NOW, 3)
+    daily = ScheduleSpec(kind=SpecKind.CRON, cron=f"0 {at.minute} {at.hour} * * *")
+    herd = [new_schedule("o", daily, NOW, NOW + timedelta(seconds=60), 64)[0] for _ in range(3)]
+    ids = [run_id_for(s.schedule_id, at) for s in herd]
+    t0 = at.timestamp()
+    (tmp_path / "tally-1.log").write_text(
+        f"{ids[0]} 1 {t0 + 0.5}\n{ids[1]} 1 {t0 + 4.0}\n{ids[1]} 1 {t0 + 9.0}\nother 1 {t0}\n"
+    )
+    lost, twice, lags = account_herd(herd, tmp_path, at)
+    assert lost == [ids[2]] and twice == {ids[1]: 2} and lags == [0.5, 4.0]
+    lines = herd_lines(at, 3, lost, twice, lags, [(t0 + 1, 0.2), (t0 + 3, 0.6), (t0 + 9, 5.0)])
+    assert "2 ran, **1 lost**, **1 ran more than once**" in lines[0]
+    assert "the last 4.0 s after the second" in lines[0]
+    # Only the other slots due while the herd drained (within 4 s of it) count beside it.
+    assert lines[1].startswith("- the 2 other slots due while it drained: lag p50 0.60 s")
