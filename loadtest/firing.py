@@ -179,16 +179,16 @@ def warm_window_start(schedules: list[Schedule], now: datetime) -> datetime:
     return max(start, (now + timedelta(minutes=2)).replace(second=0, microsecond=0))
 
 
-def _cache_counts(ports: list[str]) -> dict[str, float]:
+def _cache_counts(addresses: list[str]) -> dict[str, float]:
     """The dispatchers' fire timers decided from their schedule cache and after a read, and
     the batches their firing logic was handed."""
     counts = {
         outcome: sum(
-            _scrape(p, f'cronscale_schedule_cache_total{{outcome="{outcome}"}}') for p in ports
+            _scrape(a, f'cronscale_schedule_cache_total{{outcome="{outcome}"}}') for a in addresses
         )
         for outcome in ("hit", "read")
     }
-    counts["batches"] = sum(_scrape(p, "cronscale_firing_batch_timers_count") for p in ports)
+    counts["batches"] = sum(_scrape(a, "cronscale_firing_batch_timers_count") for a in addresses)
     return counts
 
 
@@ -602,7 +602,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         wall = time.monotonic() - wall0
         cpu1 = cpu_now()
         relay_cpu = sum(cpu_seconds(pid) for pid in relays) - relay0
-        rss = {n: _rss_mib(pid) for n, pid in pids.items() if n not in frozen}
+        rss = {n: _rss_mib(pid) for n, pid in pids.items() if killed_at is None or n not in remote}
         fired_at_end, cache_at_end = counts()
         fired = fired_at_end - fired0
         cache = {k: v - cache0[k] for k, v in cache_at_end.items()}
