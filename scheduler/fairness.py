@@ -146,6 +146,10 @@ class CachedDirectory:
         return out
 
 
+# Seconds a full lane cache is kept before it is emptied and filled afresh.
+_LANE_CACHE_REFILL = 60.0
+
+
 class TenantLanes:
     """The wheel's lanes (bucketer.lanes) for the dispatcher: a timer's lane is its tenant,
     a tenant's weight its tier's (``CRONSCALE_TIER_WEIGHTS``). Used only when more firings are
@@ -163,6 +167,7 @@ class TenantLanes:
         # Timers wait in a backlog for several rounds: decode each one's tenant once.
         self._lanes: dict[tuple[datetime, str, int], str] = {}
         self._cache = cache
+        self._full_since: float | None = None
 
     def learn(self, limits: Mapping[str, TenantLimits]) -> None:
         """Records the tiers of tenants a batch just looked up."""
@@ -173,9 +178,16 @@ class TenantLanes:
         key = (timer.fire_time, timer.timer_id, timer.shard)
         lane = self._lanes.get(key)
         if lane is None:
-            if len(self._lanes) >= self._cache:
+            lane = self._lane_of(timer)
+            if len(self._lanes) < self._cache:
+                self._lanes[key] = lane
+            elif self._full_since is None:
+                self._full_since = time.monotonic()
+            elif time.monotonic() - self._full_since > _LANE_CACHE_REFILL:
+                # Full for a while: what it holds was mostly handed long ago. (Emptied as soon
+                # as it filled, a backlog deeper than the cache was decoded afresh every round.)
                 self._lanes.clear()
-            lane = self._lanes[key] = self._lane_of(timer)
+                self._full_since = None
         return lane
 
     def weight(self, lane: str) -> int:

@@ -11,6 +11,7 @@ slots its concurrency allows (``scheduler.backfill``) and puts it again a moment
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -277,11 +278,23 @@ class BackfillTimer:
         return cls(backfill_id=timer.key, tick=int(doc["tick"]), fire_at=timer.fire_time)
 
 
+# The tenant in a timer's document, when it holds no escaped character (the documents are
+# written compact, and no other key ends in "t").
+_TENANT = re.compile(rb'[{,]"t":"([^"\\]*)"[,}]')
+
+
 def tenant_of(timer: Timer) -> str:
     """The tenant a fire or run timer fires for ("" for other kinds, and for timers written
-    before tenants were recorded on them)."""
+    before tenants were recorded on them).
+
+    Read without decoding the whole document when the tenant needs no unescaping: a deep
+    backlog's fair order asks for every due timer's tenant each round (~0.5 µs a timer, where
+    ``json.loads`` took ~4 µs)."""
     if timer.kind not in (FIRE, RUN) or b'"t":' not in timer.data:
         return ""
+    plain = _TENANT.search(timer.data)
+    if plain is not None:
+        return plain.group(1).decode()
     try:
         return str(json.loads(timer.data).get("t", ""))
     except ValueError:

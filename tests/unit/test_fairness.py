@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from bucketer.model import Timer
@@ -191,3 +192,39 @@ def test_fire_and_run_timers_carry_their_tenant_and_old_timers_have_none() -> No
     assert [tenant_of(fire.to_timer(8)), tenant_of(run.to_timer(8))] == ["t1", "t2"]
     older = FireTimer(schedule_id="s", generation=1, slot=at, scheduled_for=at).to_timer(8)
     assert b'"t"' not in older.data and tenant_of(older) == ""
+
+
+def test_a_tenant_is_read_without_decoding_unless_it_needs_unescaping() -> None:
+    at = datetime(2026, 12, 3, tzinfo=UTC)
+    for tenant in ("acme", "", 'quo"te', "back\\slash", "ünï", "a,b}c"):
+        fire = FireTimer(schedule_id="s", generation=1, slot=at, scheduled_for=at, tenant=tenant)
+        run = RunTimer(schedule_id="s", run_id="r", scheduled_for=at, fire_at=at, tenant=tenant)
+        assert tenant_of(fire.to_timer(8)) == tenant
+        assert tenant_of(run.to_timer(8)) == tenant
+    # A document whose "t" is not the tenant key (inside another value) is decoded whole.
+    odd = replace(
+        FireTimer(schedule_id="s", generation=1, slot=at, scheduled_for=at).to_timer(8),
+        data=b'{"v":1,"x":"{\\"t\\":\\"fake\\"}","t":"real"}',
+    )
+    assert tenant_of(odd) == "real"
+
+
+def test_a_full_lane_cache_is_not_emptied_every_round() -> None:
+    calls: list[str] = []
+
+    def lane_of(timer: Timer) -> str:
+        calls.append(timer.timer_id)
+        return tenant_of(timer)
+
+    at = datetime(2026, 12, 3, tzinfo=UTC)
+    timers = [
+        FireTimer(
+            schedule_id=f"s{i}", generation=1, slot=at, scheduled_for=at, tenant="a"
+        ).to_timer(64)
+        for i in range(10)
+    ]
+    lanes = TenantLanes({}, lane_of, cache=4)
+    for _round in range(3):
+        assert {lanes.lane(t) for t in timers} == {"a"}
+    # The first four stay cached; the six beyond the cache are decoded each round.
+    assert len(calls) == 10 + 6 + 6
