@@ -432,24 +432,32 @@ class WheelScanner:
                 ),
                 key=_position,
             ), 0
-        # lane -> one list per shard of its due timers, in read order.
-        by_lane: dict[str, list[list[tuple[Timer, datetime | None]]]] = {}
-        total = 0
-        for p in self.shards.values():
-            mine: dict[str, list[tuple[Timer, datetime | None]]] = {}
-            for t in p.pending.values():
-                if t.fire_time <= due_by.get(t.kind, now):
-                    lane = lanes.lane(t)
-                    own = mine.get(lane)
-                    if own is None:
-                        own = mine[lane] = []
-                        by_lane.setdefault(lane, []).append(own)
-                    own.append((t, p.takeover_until))
-                    total += 1
-        cap = self._round_limit(len(by_lane))
-        if total <= cap:
-            picked = [x for shards in by_lane.values() for own in shards for x in own]
+        # Each shard's due timers, in read order.
+        per_shard = [
+            [
+                (t, p.takeover_until)
+                for t in p.pending.values()
+                if t.fire_time <= due_by.get(t.kind, now)
+            ]
+            for p in self.shards.values()
+        ]
+        total = sum(map(len, per_shard))
+        picked: list[tuple[Timer, datetime | None]]
+        if total <= self._round_limit(2):
+            picked = [x for own in per_shard for x in own]
         else:
+            # A deep backlog: lane -> one list per shard of its due timers, in read order.
+            by_lane: dict[str, list[list[tuple[Timer, datetime | None]]]] = {}
+            for own in per_shard:
+                mine: dict[str, list[tuple[Timer, datetime | None]]] = {}
+                for x in own:
+                    lane = lanes.lane(x[0])
+                    part = mine.get(lane)
+                    if part is None:
+                        part = mine[lane] = []
+                        by_lane.setdefault(lane, []).append(part)
+                    part.append(x)
+            cap = self._round_limit(len(by_lane))
             picked = [
                 x
                 for shards in by_lane.values()
