@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,8 +39,9 @@ class Timer:
     # for a schedule's fire timer, the run fired at the previous slot that has ended.
     done_run: str = ""
 
-    @property
+    @functools.cached_property
     def bucket(self) -> int:
+        # Cached: a scanner asks each pending timer for it every round (a herd of a million).
         return minute_bucket(self.fire_time)
 
     @property

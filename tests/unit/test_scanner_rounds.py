@@ -118,3 +118,15 @@ def test_timers_not_yet_due_are_left_out() -> None:
     )
     due, waiting = scanner._due(NOW)
     assert [t.timer_id for t in due] == ["a-1-000001"] and waiting == 0
+
+
+def test_a_read_starts_no_earlier_than_grace_before_the_last_read_began() -> None:
+    p = ShardProgress(shard=1, epoch=1, done_through=0)
+    bucket = 29_940_000
+    grace = timedelta(seconds=2)
+    assert p.read_from(bucket, grace) == p.after(bucket)  # never read: from the checkpoint
+    p.checkpoints[bucket] = (NOW - timedelta(minutes=3), "")  # a herd still pending behind it
+    p.read_at = NOW
+    assert p.read_from(bucket, grace) == (NOW - grace, "")
+    p.checkpoints[bucket] = (NOW, "x")  # a checkpoint later than that wins
+    assert p.read_from(bucket, grace) == (NOW, "x")
