@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from bucketer.keys import minute_bucket
+
+T = TypeVar("T")
 
 # The kind of a timer settled before it was due (``CassandraTimerStore.settle_rows``): its row
 # stays, inert; scanners skip it.
@@ -43,6 +46,15 @@ class Timer:
     def bucket(self) -> int:
         # Cached: a scanner asks each pending timer for it every round (a herd of a million).
         return minute_bucket(self.fire_time)
+
+    def memo(self, name: str, compute: Callable[[Timer], T]) -> T:
+        """``compute(self)``, computed once for this timer object and kept with it: a value a
+        caller derives from the timer and asks for every round the timer waits (the
+        dispatcher's fairness lane). Not a field: equality and hashing ignore it."""
+        memos: dict[str, Any] = self.__dict__.setdefault("_memo", {})
+        if name not in memos:
+            memos[name] = compute(self)
+        return cast(T, memos[name])
 
     @property
     def position(self) -> tuple[datetime, str]:

@@ -29,7 +29,6 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Protocol
 
 from bucketer.model import Timer
@@ -146,10 +145,6 @@ class CachedDirectory:
         return out
 
 
-# Seconds a full lane cache is kept before it is emptied and filled afresh.
-_LANE_CACHE_REFILL = 60.0
-
-
 class TenantLanes:
     """The wheel's lanes (bucketer.lanes) for the dispatcher: a timer's lane is its tenant,
     a tenant's weight its tier's (``CRONSCALE_TIER_WEIGHTS``). Used only when more firings are
@@ -158,16 +153,10 @@ class TenantLanes:
     tier is the one last seen for the tenant in a batch (``learn``), the default tier before.
     """
 
-    def __init__(
-        self, weights: Mapping[str, int], lane_of: Callable[[Timer], str], *, cache: int = 200_000
-    ) -> None:
+    def __init__(self, weights: Mapping[str, int], lane_of: Callable[[Timer], str]) -> None:
         self._weights = dict(weights)
         self._lane_of = lane_of
         self._tiers: dict[str, str] = {}
-        # Timers wait in a backlog for several rounds: decode each one's tenant once.
-        self._lanes: dict[tuple[datetime, str, int], str] = {}
-        self._cache = cache
-        self._full_since: float | None = None
 
     def learn(self, limits: Mapping[str, TenantLimits]) -> None:
         """Records the tiers of tenants a batch just looked up."""
@@ -175,20 +164,10 @@ class TenantLanes:
             self._tiers[tenant] = known.tier
 
     def lane(self, timer: Timer) -> str:
-        key = (timer.fire_time, timer.timer_id, timer.shard)
-        lane = self._lanes.get(key)
-        if lane is None:
-            lane = self._lane_of(timer)
-            if len(self._lanes) < self._cache:
-                self._lanes[key] = lane
-            elif self._full_since is None:
-                self._full_since = time.monotonic()
-            elif time.monotonic() - self._full_since > _LANE_CACHE_REFILL:
-                # Full for a while: what it holds was mostly handed long ago. (Emptied as soon
-                # as it filled, a backlog deeper than the cache was decoded afresh every round.)
-                self._lanes.clear()
-                self._full_since = None
-        return lane
+        # Timers wait in a backlog for many rounds: each one's tenant is decoded once, and
+        # kept with the timer (a cache of its own, bounded at 200,000, was emptied and
+        # refilled every round under a herd of a million: most of a round was decoding).
+        return timer.memo("lane", self._lane_of)
 
     def weight(self, lane: str) -> int:
         return self._weights.get(self._tiers.get(lane, DEFAULT_TIER), 1)
