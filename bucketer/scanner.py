@@ -8,8 +8,8 @@ memory until due and are handed to ``on_due`` in batches the moment they are; th
 what keeps the :00 burst from being I/O bound ("read bucket t+1 ahead of time"). With more due
 than one batch and ``lanes`` given, a round hands at most ``batches_in_flight`` batches in
 weighted round-robin order across lanes (bucketer.lanes), and the next round starts at once.
-A round over a deeper backlog orders only each lane's oldest round's worth, so what a round
-costs follows what it hands, not what waits (a herd of a million).
+A round over a deeper backlog orders only each lane's oldest round's worth, not all of it
+(a herd of a million).
 
 Progress: after a batch is handed, each partition's checkpoint may move to the first timer
 still pending, but never past ``grace`` before the start of the last read (nor past ``now -
