@@ -52,6 +52,7 @@ from ops.migrate import migrate
 from scheduler.cassandra import CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.credentials import fresh_keys_env
+from scheduler.kafka import delete_topics
 from scheduler.model import (
     Schedule,
     ScheduleSpec,
@@ -633,6 +634,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         )
         session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
         session.cluster.shutdown()
+        asyncio.run(
+            delete_topics(
+                config.kafka_bootstrap, config.topic_prefix, security=config.kafka_security
+            )
+        )
 
     cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
     lost_host = failover(timeline, killed_at) if killed_at is not None else None

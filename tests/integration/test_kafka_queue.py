@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.protocol.metadata import MetadataRequest
 
 from cronscale.v1 import run_message_pb2
 from scheduler.config import Config
@@ -51,3 +52,29 @@ async def test_enqueue_produces_versioned_messages(config: Config) -> None:
     for sid in ("s0", "s1", "s2"):
         ordered = [m.run_id for _, m in got if m.schedule_id == sid]
         assert ordered == [m.run_id for m in sent if m.schedule_id == sid]
+
+
+async def test_the_probe_asks_for_no_topic(config: Config) -> None:
+    """The health probe gets an answer from a broker without asking for every topic's metadata
+    (a cluster's thousands of topics, every 2 s), and fails once the queue is stopped."""
+    topic = config.topic()
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    sent: list[object] = []
+    client = queue._producer.client
+    original = client.send
+
+    async def spy(node_id: object, request: object, **kw: object) -> object:
+        sent.append(request)
+        return await original(node_id, request, **kw)
+
+    client.send = spy
+    try:
+        await queue.probe()
+    finally:
+        client.send = original
+        await queue.stop()
+    [request] = sent
+    assert isinstance(request, MetadataRequest)
+    assert request._topics == []
