@@ -163,7 +163,6 @@ async def ensure_topics(
         await admin.close()
 
 
-
 async def delete_topics(
     bootstrap: str, prefix: str, *, security: KafkaSecurity | None = None
 ) -> list[str]:
@@ -183,6 +182,7 @@ async def delete_topics(
         return doomed
     finally:
         await admin.close()
+
 
 def _unreachable(bootstrap: str, security: KafkaSecurity, e: Exception) -> Unavailable:
     if security.sasl or security.tls:
