@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
-from bucketer.cql import TRANSIENT_STORAGE_ERRORS
+from bucketer.cql import TRANSIENT_STORAGE_ERRORS, Write
 from bucketer.model import Timer, micros
 from cronscale.v1 import run_message_pb2
 from scheduler import metrics
@@ -98,6 +99,14 @@ _MS = timedelta(milliseconds=1)
 # Fire-ahead: messages due within this of each other are produced together (at the last one's
 # time), so a batch of spread slots is a few produce calls, not one per slot.
 RELEASE_SLICE = timedelta(milliseconds=25)
+
+
+class Release(NamedTuple):
+    """An enqueued run's message and its own rows, produced and written together at ``at``."""
+
+    at: datetime
+    message: run_message_pb2.RunMessage
+    rows: list[Write]
 
 
 @dataclass
@@ -717,21 +726,42 @@ class Firing:
             metrics.RUNS_ENQUEUED.labels(tier=plan.limits.get(s.tenant, UNLIMITED).tier).inc()
 
     async def _apply(self, plan: FiringPlan, now: datetime) -> None:
+        """Writes the batch's rows and produces its messages.
+
+        Each enqueued run's own rows (its run row, ENQUEUED; its schedule's overlap cell; its
+        lease timer) go out with its message: at once without fire-ahead, at the message's
+        release with it (decision 0011). Everything else (skipped slots, next timers, buffered
+        and completed cells, cancel requests) is written at once, so a schedule's chain of
+        timers never waits for a held message."""
         schedules = self._schedules
-        items = self._runs.insert_rows([r for _s, r in plan.enqueue] + plan.skipped)
-        for s, run in plan.enqueue:
+        items = self._runs.insert_rows(plan.skipped)
+        # Each enqueued run's rows, by run id.
+        own: dict[str, list[Write]] = {}
+        for (s, run), row in zip(
+            plan.enqueue, self._runs.insert_rows([r for _s, r in plan.enqueue]), strict=True
+        ):
+            rows = own.setdefault(run.run_id, [])
+            rows.append(row)
             if run.backfill_id:
                 continue  # backfill runs never hold up the schedule's own slots (overlap)
             # Stamped with the batch's start: a finish reported for this run is stamped with
             # the same enqueue time (echoed by the worker), so neither clock nor arrival order
             # decides whether the schedule sees it in progress.
-            items.append(schedules.mark_active(s.schedule_id, run.run_id, now))
+            rows.append(schedules.mark_active(s.schedule_id, run.run_id, now))
             if self._cache is not None:
                 self._cache.ran(s.schedule_id, run.run_id)
+        # A schedule's other cells go with its run's rows when it has one in the batch: its
+        # partition's rows stay one write.
+        first_run = {s.schedule_id: run.run_id for s, run in reversed(plan.enqueue)}
+
+        def cell(schedule_id: str, row: Write) -> None:
+            run_id = first_run.get(schedule_id)
+            (own[run_id] if run_id is not None else items).append(row)
+
         for s, buffered in plan.buffered:
-            items.append(schedules.set_buffered(s.schedule_id, buffered.to_json()))
+            cell(s.schedule_id, schedules.set_buffered(s.schedule_id, buffered.to_json()))
         for s, at in plan.completed:
-            items.append(schedules.record_completed(s.schedule_id, at))
+            cell(s.schedule_id, schedules.record_completed(s.schedule_id, at))
         items.extend(self._runs.cancel_rows(plan.cancel))
         # Stamped as late as possible: a next timer already due is written at this instant,
         # and must land before the scanners' checkpoints pass it (see the re-put below).
@@ -745,34 +775,33 @@ class Firing:
         lease_at = self._lease_at(now)
         stamp = micros(enqueued_ms)
         shards = self._timers.shard_count
-        items.extend(
-            self._timers.rows(
-                [
-                    LeaseTimer(
-                        schedule_id=s.schedule_id,
-                        run_id=run.run_id,
-                        attempt=run.attempt,
-                        fire_at=lease_at,
-                        stamp=stamp,
-                    ).to_timer(shards)
-                    for s, run in plan.enqueue
-                    if run.run_id not in plan.carried
-                ],
-                now=now,
-            )
-        )
+        for s, run in plan.enqueue:
+            if run.run_id in plan.carried:
+                continue
+            lease_timer = LeaseTimer(
+                schedule_id=s.schedule_id,
+                run_id=run.run_id,
+                attempt=run.attempt,
+                fire_at=lease_at,
+                stamp=stamp,
+            ).to_timer(shards)
+            own[run.run_id].extend(self._timers.rows([lease_timer], now=now))
         # Rows and messages go out together: every row carries a timestamp that orders it
         # against the worker's reports (run rows by slot, attempt and status; overlap cells by
         # enqueue time), so which lands first does not matter; if either fails the batch is
         # fired again, with the same run ids.
         # Each tenant's runs go to its tier's topic, so workers can be dedicated per tier.
-        by_topic: dict[str, list[tuple[datetime, run_message_pb2.RunMessage]]] = {}
+        by_topic: dict[str, list[Release]] = {}
         for s, r in plan.enqueue:
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
             lease = None if r.run_id in plan.carried else lease_at
-            release = r.scheduled_for + r.deferred if r.deferred else r.scheduled_for
+            at = r.scheduled_for + r.deferred if r.deferred else r.scheduled_for
             message = self._message(s, r, lease, plan.note_on.get(r.run_id))
-            by_topic.setdefault(self._topic(tier), []).append((release, message))
+            rows = own.pop(r.run_id)
+            if not self._fire_ahead:
+                items.extend(rows)  # everything in one write, with the produce
+                rows = []
+            by_topic.setdefault(self._topic(tier), []).append(Release(at, message, rows))
 
         async def write() -> None:
             await self._runs.write(items)
@@ -784,41 +813,43 @@ class Firing:
             await self._timers.repeat_if_slow(plan.next_timers, written_at=stamped)
 
         await asyncio.gather(
-            write(), *(self._produce(topic, messages) for topic, messages in by_topic.items())
+            write(), *(self._produce(topic, releases) for topic, releases in by_topic.items())
         )
 
-    async def _produce(
-        self, topic: str, messages: list[tuple[datetime, run_message_pb2.RunMessage]]
-    ) -> None:
-        """Produces ``messages`` (each with its release time), none before its time.
+    async def _produce(self, topic: str, releases: list[Release]) -> None:
+        """Produces each release's message and writes its rows, none before its time.
 
         Fire-ahead: the scanner hands a fire timer up to ``fire_ahead`` before its slot, so
-        its run row and its schedule's next timer are written by then, and the message goes
-        out at the slot's time: the handler starts on time instead of a read, a write and a
-        produce late. Messages due within ``RELEASE_SLICE`` of each other go out together, at
-        the latest one's time. A release time further ahead than ``fire_ahead`` (a clock that
-        jumped) does not hold a message longer than that.
+        its schedule's next timer is written by then, and the run's message and rows go out at
+        the slot's time: the handler starts on time instead of a read, a write and a produce
+        late. A dispatcher that dies while holding them has recorded nothing of the run: the
+        slot's next owner fires it (or records it missed) as if it had never been handed
+        (decision 0011). Releases due within ``RELEASE_SLICE`` of each other go out together,
+        at the latest one's time. A release time further ahead than ``fire_ahead`` (a clock
+        that jumped) does not hold a message longer than that.
         """
         if self._fire_ahead <= 0:
-            await self._queue.enqueue(topic, [m for _at, m in messages])
+            await self._release(topic, None, releases)
             return
-        messages.sort(key=lambda m: m[0])
-        slices: list[list[tuple[datetime, run_message_pb2.RunMessage]]] = []
-        for item in messages:
-            if not slices or item[0] - slices[-1][0][0] > RELEASE_SLICE:
+        releases.sort(key=lambda r: r.at)
+        slices: list[list[Release]] = []
+        for item in releases:
+            if not slices or item.at - slices[-1][0].at > RELEASE_SLICE:
                 slices.append([])
             slices[-1].append(item)
-        await asyncio.gather(
-            *(self._release(topic, group[-1][0], [m for _at, m in group]) for group in slices)
-        )
+        await asyncio.gather(*(self._release(topic, group[-1].at, group) for group in slices))
 
-    async def _release(
-        self, topic: str, at: datetime, messages: list[run_message_pb2.RunMessage]
-    ) -> None:
-        wait = (at - self._clock()).total_seconds()
-        if wait > 0:
-            await asyncio.sleep(min(wait, self._fire_ahead))
-        await self._queue.enqueue(topic, messages)
+    async def _release(self, topic: str, at: datetime | None, releases: list[Release]) -> None:
+        """Waits until ``at`` (None: not at all), then produces the messages and writes their
+        runs' rows together."""
+        if at is not None:
+            wait = (at - self._clock()).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(min(wait, self._fire_ahead))
+        await asyncio.gather(
+            self._queue.enqueue(topic, [r.message for r in releases]),
+            self._runs.write([row for r in releases for row in r.rows]),
+        )
 
     def _message(
         self, s: Schedule, run: Run, lease_at: datetime | None, next_fire: datetime | None

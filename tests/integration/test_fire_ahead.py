@@ -1,5 +1,7 @@
-"""Fire-ahead (scheduler.firing), against the real Cassandra and Kafka: a fire timer handed
-before its slot has its run row written at once and its message produced at the slot's time."""
+"""Fire-ahead (scheduler.firing, decision 0011), against the real Cassandra and Kafka: a fire
+timer handed before its slot has its schedule's next timer written at once, and its run's rows
+and message at the slot's time; a dispatcher stopped while holding them has recorded nothing
+of the run."""
 
 from __future__ import annotations
 
@@ -74,7 +76,23 @@ async def _next_whole_second(lead: timedelta) -> datetime:
     return at
 
 
-async def test_a_slot_handed_ahead_is_recorded_at_once_and_produced_at_its_time(
+async def _next_timer_written(rig: Rig, s: Schedule, after: datetime) -> bool:
+    """Whether the fire timer of ``s``'s slot after ``after`` (one second later) is stored."""
+    nxt = after + timedelta(seconds=1)
+    timer = FireTimer(
+        schedule_id=s.schedule_id, generation=s.generation, slot=nxt, scheduled_for=nxt
+    ).to_timer(rig.stores.timers.shard_count)
+    found = await rig.stores.timers.scan(
+        shard=timer.shard,
+        bucket=timer.bucket,
+        after=(nxt - timedelta(milliseconds=1), ""),
+        until=nxt,
+        limit=100,
+    )
+    return any(t.timer_id == timer.timer_id for t in found)
+
+
+async def test_a_slot_handed_ahead_has_its_next_timer_written_at_once_and_its_run_at_its_time(
     rig: Rig,
 ) -> None:
     at = await _next_whole_second(timedelta(milliseconds=200))
@@ -85,18 +103,49 @@ async def test_a_slot_handed_ahead_is_recorded_at_once_and_produced_at_its_time(
     assert handed < at
     firing = asyncio.create_task(rig.firing.on_due([timer]))
     run_id = run_id_for(s.schedule_id, at)
-    # The run row is written ahead, while its message waits for the slot.
-    row = None
-    while row is None and datetime.now(UTC) < at - timedelta(milliseconds=50):
-        row = (await rig.stores.runs.get_many([run_id])).get(run_id)
-    assert row is not None and row.status is RunStatus.ENQUEUED
+    # The schedule's next timer is written ahead; the run's row waits with its message.
+    written = False
+    while not written and datetime.now(UTC) < at - timedelta(milliseconds=50):
+        written = await _next_timer_written(rig, s, at)
+    assert written
+    assert run_id not in await rig.stores.runs.get_many([run_id])
     assert not firing.done()
     await asyncio.wait_for(firing, 5)
+    row = (await rig.stores.runs.get_many([run_id]))[run_id]
+    assert row.status is RunStatus.ENQUEUED
+    # Stamped with the batch's start (the overlap cell and the worker's echo carry it).
+    assert row.enqueue_time is not None and row.enqueue_time < at
     ((message, produced),) = await _produced(rig)
     assert message.run_id == run_id
     # CreateTime is in milliseconds: the produce happened at or after the slot.
     assert produced >= at
     assert produced - at < timedelta(milliseconds=500)
+
+
+async def test_a_dispatcher_stopped_while_holding_a_slot_recorded_nothing_of_its_run(
+    rig: Rig,
+) -> None:
+    """What a SIGKILL leaves behind between the hand-over and the slot: the next timer only.
+    No run row and no overlap cell names the run, so the shard's next owner fires the slot
+    (or records it missed) as if it had never been handed, and later slots are not held up
+    by a run that never went out."""
+    at = await _next_whole_second(timedelta(milliseconds=200))
+    s, timer = await _slot_at(rig, at)
+    await asyncio.sleep(max(0.0, (at - AHEAD / 2 - datetime.now(UTC)).total_seconds()))
+    firing = asyncio.create_task(rig.firing.on_due([timer]))
+    written = False
+    while not written and datetime.now(UTC) < at - timedelta(milliseconds=50):
+        written = await _next_timer_written(rig, s, at)
+    assert written and not firing.done()
+    firing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await firing
+    await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.3)
+    run_id = run_id_for(s.schedule_id, at)
+    assert run_id not in await rig.stores.runs.get_many([run_id])
+    stored = (await rig.stores.schedules.get_many([s.schedule_id]))[s.schedule_id]
+    assert not stored.active_run
+    assert await _produced(rig) == []
 
 
 async def test_a_message_is_held_no_longer_than_the_fire_ahead(rig: Rig) -> None:
