@@ -735,13 +735,11 @@ class Firing:
         timers never waits for a held message."""
         schedules = self._schedules
         items = self._runs.insert_rows(plan.skipped)
-        # Each enqueued run's rows, by run id.
-        own: dict[str, list[Write]] = {}
-        for (s, run), row in zip(
-            plan.enqueue, self._runs.insert_rows([r for _s, r in plan.enqueue]), strict=True
-        ):
-            rows = own.setdefault(run.run_id, [])
-            rows.append(row)
+        # Each enqueued run's own rows, in the order of plan.enqueue.
+        own: list[list[Write]] = [
+            [row] for row in self._runs.insert_rows([r for _s, r in plan.enqueue])
+        ]
+        for (s, run), rows in zip(plan.enqueue, own, strict=True):
             if run.backfill_id:
                 continue  # backfill runs never hold up the schedule's own slots (overlap)
             # Stamped with the batch's start: a finish reported for this run is stamped with
@@ -752,11 +750,11 @@ class Firing:
                 self._cache.ran(s.schedule_id, run.run_id)
         # A schedule's other cells go with its run's rows when it has one in the batch: its
         # partition's rows stay one write.
-        first_run = {s.schedule_id: run.run_id for s, run in reversed(plan.enqueue)}
+        first_run = {s.schedule_id: i for i, (s, _run) in reversed(list(enumerate(plan.enqueue)))}
 
         def cell(schedule_id: str, row: Write) -> None:
-            run_id = first_run.get(schedule_id)
-            (own[run_id] if run_id is not None else items).append(row)
+            i = first_run.get(schedule_id)
+            (own[i] if i is not None else items).append(row)
 
         for s, buffered in plan.buffered:
             cell(s.schedule_id, schedules.set_buffered(s.schedule_id, buffered.to_json()))
@@ -775,7 +773,7 @@ class Firing:
         lease_at = self._lease_at(now)
         stamp = micros(enqueued_ms)
         shards = self._timers.shard_count
-        for s, run in plan.enqueue:
+        for (s, run), rows in zip(plan.enqueue, own, strict=True):
             if run.run_id in plan.carried:
                 continue
             lease_timer = LeaseTimer(
@@ -785,23 +783,23 @@ class Firing:
                 fire_at=lease_at,
                 stamp=stamp,
             ).to_timer(shards)
-            own[run.run_id].extend(self._timers.rows([lease_timer], now=now))
+            rows.extend(self._timers.rows([lease_timer], now=now))
         # Rows and messages go out together: every row carries a timestamp that orders it
         # against the worker's reports (run rows by slot, attempt and status; overlap cells by
         # enqueue time), so which lands first does not matter; if either fails the batch is
         # fired again, with the same run ids.
         # Each tenant's runs go to its tier's topic, so workers can be dedicated per tier.
         by_topic: dict[str, list[Release]] = {}
-        for s, r in plan.enqueue:
+        for (s, r), rows in zip(plan.enqueue, own, strict=True):
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
             lease = None if r.run_id in plan.carried else lease_at
             at = r.scheduled_for + r.deferred if r.deferred else r.scheduled_for
             message = self._message(s, r, lease, plan.note_on.get(r.run_id))
-            rows = own.pop(r.run_id)
             if not self._fire_ahead:
                 items.extend(rows)  # everything in one write, with the produce
-                rows = []
-            by_topic.setdefault(self._topic(tier), []).append(Release(at, message, rows))
+            by_topic.setdefault(self._topic(tier), []).append(
+                Release(at, message, rows if self._fire_ahead else [])
+            )
 
         async def write() -> None:
             await self._runs.write(items)
