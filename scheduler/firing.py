@@ -760,7 +760,9 @@ class Firing:
             cell(s.schedule_id, schedules.set_buffered(s.schedule_id, buffered.to_json()))
         for s, at in plan.completed:
             cell(s.schedule_id, schedules.record_completed(s.schedule_id, at))
-        items.extend(self._runs.cancel_rows(plan.cancel))
+        # A previous run is cancelled by the run that replaces it (CANCEL_PREVIOUS): with it.
+        for run_id, row in zip(plan.cancel, self._runs.cancel_rows(plan.cancel), strict=True):
+            cell(parse_run_id(run_id).schedule_id, row)
         # Stamped as late as possible: a next timer already due is written at this instant,
         # and must land before the scanners' checkpoints pass it (see the re-put below).
         stamped = self._clock()
@@ -830,12 +832,16 @@ class Firing:
             await self._release(topic, None, releases)
             return
         releases.sort(key=lambda r: r.at)
-        slices: list[list[Release]] = []
-        for item in releases:
-            if not slices or item.at - slices[-1][0].at > RELEASE_SLICE:
+        # What is already due (run timers, a late backlog) goes out at once, in one group.
+        now = self._clock()
+        slices: list[list[Release]] = [[r for r in releases if r.at <= now]]
+        for item in releases[len(slices[0]) :]:
+            if not slices[-1] or item.at - slices[-1][0].at > RELEASE_SLICE:
                 slices.append([])
             slices[-1].append(item)
-        await asyncio.gather(*(self._release(topic, group[-1].at, group) for group in slices))
+        await asyncio.gather(
+            *(self._release(topic, group[-1].at, group) for group in slices if group)
+        )
 
     async def _release(self, topic: str, at: datetime | None, releases: list[Release]) -> None:
         """Waits until ``at`` (None: not at all), then produces the messages and writes their
@@ -844,10 +850,12 @@ class Firing:
             wait = (at - self._clock()).total_seconds()
             if wait > 0:
                 await asyncio.sleep(min(wait, self._fire_ahead))
-        await asyncio.gather(
-            self._queue.enqueue(topic, [r.message for r in releases]),
-            self._runs.write([row for r in releases for row in r.rows]),
-        )
+        rows = [row for r in releases for row in r.rows]
+        messages = [r.message for r in releases]
+        if rows:
+            await asyncio.gather(self._queue.enqueue(topic, messages), self._runs.write(rows))
+        else:
+            await self._queue.enqueue(topic, messages)
 
     def _message(
         self, s: Schedule, run: Run, lease_at: datetime | None, next_fire: datetime | None

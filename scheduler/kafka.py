@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -86,12 +87,22 @@ class KafkaRunQueue:
         carry every topic of the cluster: 633 on the development broker, 4 % of a busy
         dispatcher's samples.)"""
         client = self._producer.client
-        node = client.get_random_node()
-        if node is None:
+        nodes = [b.nodeId for b in client.cluster.brokers()]
+        if not nodes:
             raise KafkaConnectionError("no Kafka broker is known yet")
-        answer = await client.send(node, MetadataRequest([]))
-        if not answer.brokers:
-            raise KafkaError("the Kafka broker's metadata names no broker")
+        random.shuffle(nodes)
+        failure: Exception | None = None
+        for node in nodes:  # one broker answering is enough, as for fetch_all_metadata
+            try:
+                answer = await client.send(node, MetadataRequest([]))
+            except KafkaError as e:
+                failure = e
+                continue
+            if answer.brokers:
+                return
+            failure = KafkaError(f"Kafka broker {node}'s metadata names no broker")
+        assert failure is not None
+        raise failure
 
     async def enqueue(self, topic: str, messages: Sequence[Keyed]) -> None:
         """Produces every message; raises if any was not acknowledged by all in-sync replicas
@@ -166,9 +177,10 @@ async def ensure_topics(
 async def delete_topics(
     bootstrap: str, prefix: str, *, security: KafkaSecurity | None = None
 ) -> list[str]:
-    """Deletes every topic whose name starts with ``prefix`` (a benchmark's or test's private
-    topics once it is done: left behind, they pile up and every client's metadata carries
-    them). Returns the names deleted."""
+    """Deletes every topic named ``prefix`` or ``prefix.<anything>`` (a benchmark's or test's
+    private topics once it is done: left behind, they pile up and every client's metadata
+    carries them). Returns the names deleted; raises KafkaError naming a topic the broker
+    refused to delete."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="cronscale-admin",
@@ -176,9 +188,14 @@ async def delete_topics(
     )
     await admin.start()
     try:
-        doomed = sorted(t for t in await admin.list_topics() if t.startswith(prefix))
+        doomed = sorted(
+            t for t in await admin.list_topics() if t == prefix or t.startswith(f"{prefix}.")
+        )
         if doomed:
-            await admin.delete_topics(doomed)
+            answer = await admin.delete_topics(doomed)
+            refused = [(name, code) for name, code, *_ in answer.topic_error_codes if code]
+            if refused:
+                raise KafkaError(f"Kafka refused to delete topics (name, error code): {refused}")
         return doomed
     finally:
         await admin.close()
