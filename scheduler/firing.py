@@ -99,6 +99,12 @@ _MS = timedelta(milliseconds=1)
 # Fire-ahead: messages due within this of each other are produced together (at the last one's
 # time), so a batch of spread slots is a few produce calls, not one per slot.
 RELEASE_SLICE = timedelta(milliseconds=25)
+# A new schedule's first timer is written before its row (so that a row never exists without
+# its timer): a scanner can hand it in between and find no schedule. Such a timer is looked at
+# again every NEW_SCHEDULE_RECHECK until NEW_SCHEDULE_WAIT after its slot, then dropped (a
+# deleted schedule's last timer costs a few rewrites).
+NEW_SCHEDULE_RECHECK = timedelta(seconds=2)
+NEW_SCHEDULE_WAIT = timedelta(seconds=10)
 
 
 class Release(NamedTuple):
@@ -506,6 +512,11 @@ class Firing:
                 # Resolved whatever becomes of the slot (fired, put off, superseded).
                 self._resolve_carried(f.lease, s, timer, plan)
                 f = replace(f, lease=None)
+            if s is None and now - f.scheduled_for < NEW_SCHEDULE_WAIT:
+                # Perhaps a create in flight: its row lands right after this timer.
+                again = f.to_timer(self._timers.shard_count)
+                plan.next_timers.append(replace(again, fire_time=now + NEW_SCHEDULE_RECHECK))
+                continue
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()
                 continue
