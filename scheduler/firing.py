@@ -761,7 +761,9 @@ class Firing:
                 self._cache.ran(s.schedule_id, run.run_id)
         # A schedule's other cells go with its run's rows when it has one in the batch: its
         # partition's rows stay one write.
-        first_run = {s.schedule_id: i for i, (s, _run) in reversed(list(enumerate(plan.enqueue)))}
+        first_run: dict[str, int] = {}
+        for i, (s, _run) in enumerate(plan.enqueue):
+            first_run.setdefault(s.schedule_id, i)
 
         def cell(schedule_id: str, row: Write) -> None:
             i = first_run.get(schedule_id)
