@@ -23,7 +23,12 @@ from scheduler.session import Stores, open_stores
 from scheduler.timers import FireTimer
 from tests.integration.firing_support import firing_on, read_run_records
 
-AHEAD = timedelta(milliseconds=800)
+AHEAD = timedelta(milliseconds=2500)
+# How long before its slot the tests hand a timer (within AHEAD, as the scanner would), and how
+# close to the slot the next timer must have been seen. The gap between them is what a loaded
+# CI machine gets for one write: 150 ms proved too little there.
+HANDED = timedelta(seconds=2)
+SEEN_BY = timedelta(milliseconds=300)
 
 
 @dataclass
@@ -95,17 +100,17 @@ async def _next_timer_written(rig: Rig, s: Schedule, after: datetime) -> bool:
 async def test_a_slot_handed_ahead_has_its_next_timer_written_at_once_and_its_run_at_its_time(
     rig: Rig,
 ) -> None:
-    at = await _next_whole_second(timedelta(milliseconds=200))
+    at = await _next_whole_second(HANDED + timedelta(milliseconds=200))
     s, timer = await _slot_at(rig, at)
     # Handed as the scanner hands it: within the fire-ahead before the slot.
-    await asyncio.sleep(max(0.0, (at - AHEAD / 2 - datetime.now(UTC)).total_seconds()))
+    await asyncio.sleep(max(0.0, (at - HANDED - datetime.now(UTC)).total_seconds()))
     handed = datetime.now(UTC)
     assert handed < at
     firing = asyncio.create_task(rig.firing.on_due([timer]))
     run_id = run_id_for(s.schedule_id, at)
     # The schedule's next timer is written ahead; the run's row waits with its message.
     written = False
-    while not written and datetime.now(UTC) < at - timedelta(milliseconds=250):
+    while not written and datetime.now(UTC) < at - SEEN_BY:
         written = await _next_timer_written(rig, s, at)
     assert written
     assert run_id not in await rig.stores.runs.get_many([run_id])
@@ -119,7 +124,7 @@ async def test_a_slot_handed_ahead_has_its_next_timer_written_at_once_and_its_ru
     assert message.run_id == run_id
     # CreateTime is in milliseconds: the produce happened at or after the slot.
     assert produced >= at
-    assert produced - at < timedelta(milliseconds=500)
+    assert produced - at < timedelta(seconds=1)
 
 
 async def test_a_dispatcher_stopped_while_holding_a_slot_recorded_nothing_of_its_run(
@@ -129,12 +134,12 @@ async def test_a_dispatcher_stopped_while_holding_a_slot_recorded_nothing_of_its
     No run row and no overlap cell names the run, so the shard's next owner fires the slot
     (or records it missed) as if it had never been handed, and later slots are not held up
     by a run that never went out."""
-    at = await _next_whole_second(timedelta(milliseconds=200))
+    at = await _next_whole_second(HANDED + timedelta(milliseconds=200))
     s, timer = await _slot_at(rig, at)
-    await asyncio.sleep(max(0.0, (at - AHEAD / 2 - datetime.now(UTC)).total_seconds()))
+    await asyncio.sleep(max(0.0, (at - HANDED - datetime.now(UTC)).total_seconds()))
     firing = asyncio.create_task(rig.firing.on_due([timer]))
     written = False
-    while not written and datetime.now(UTC) < at - timedelta(milliseconds=250):
+    while not written and datetime.now(UTC) < at - SEEN_BY:
         written = await _next_timer_written(rig, s, at)
     assert written and not firing.done()
     firing.cancel()
@@ -151,7 +156,7 @@ async def test_a_dispatcher_stopped_while_holding_a_slot_recorded_nothing_of_its
 async def test_a_message_is_held_no_longer_than_the_fire_ahead(rig: Rig) -> None:
     """A slot further ahead than the fire-ahead (the scanner never hands one; a clock that
     jumped could) is not held past the fire-ahead."""
-    at = await _next_whole_second(timedelta(seconds=4))
+    at = await _next_whole_second(AHEAD + timedelta(seconds=2))
     s, timer = await _slot_at(rig, at)
     started = datetime.now(UTC)
     await asyncio.wait_for(rig.firing.on_due([timer]), 5)
