@@ -58,6 +58,7 @@ from scheduler.model import (
     Schedule,
     ScheduleState,
     SkipReason,
+    generation_minted,
     parse_run_id,
     run_id_for,
 )
@@ -99,12 +100,34 @@ _MS = timedelta(milliseconds=1)
 # Fire-ahead: messages due within this of each other are produced together (at the last one's
 # time), so a batch of spread slots is a few produce calls, not one per slot.
 RELEASE_SLICE = timedelta(milliseconds=25)
-# A new schedule's first timer is written before its row (so that a row never exists without
-# its timer): a scanner can hand it in between and find no schedule. Such a timer is looked at
-# again every NEW_SCHEDULE_RECHECK until NEW_SCHEDULE_WAIT after its slot, then dropped (a
-# deleted schedule's last timer costs a few rewrites).
-NEW_SCHEDULE_RECHECK = timedelta(seconds=2)
-NEW_SCHEDULE_WAIT = timedelta(seconds=10)
+# The API writes the first timer of a change (create, update, resume) before the row that makes
+# its generation current (decision 0002), so a scanner can hand it in between and find no
+# schedule, or the schedule's previous generation. Such a timer is looked at again every
+# IN_FLIGHT_RECHECK while the change may still be landing (IN_FLIGHT_WAIT after its slot for a
+# missing row, after its generation was minted for a mismatch), then dropped: a deleted
+# schedule's last timer, or the timer of a change whose compare-and-set lost, costs a few
+# rewrites.
+IN_FLIGHT_RECHECK = timedelta(seconds=2)
+IN_FLIGHT_WAIT = timedelta(seconds=10)
+# How far the API's clock (which mints generations) may be ahead of a dispatcher's: the skew
+# either tolerates (bucketer/clock.py, 0.5 s by default) and a margin.
+_MINT_SKEW = timedelta(seconds=1)
+
+
+def change_in_flight(f: FireTimer, s: Schedule | None, now: datetime) -> bool:
+    """Whether fire timer ``f``, not current for ``s`` (its schedule, or None if no row), may
+    belong to a change whose row is still being written: a create whose row is missing, or an
+    update or resume whose generation was minted after the schedule's current one, less than
+    ``IN_FLIGHT_WAIT`` ago. A generation minted before the current one was superseded."""
+    if s is None:
+        return now - f.scheduled_for < IN_FLIGHT_WAIT
+    if s.generation == f.generation:
+        return False
+    minted = generation_minted(f.generation)
+    current = generation_minted(s.generation)
+    if minted <= current <= now + _MINT_SKEW:
+        return False
+    return -_MINT_SKEW <= now - minted < IN_FLIGHT_WAIT
 
 
 class Release(NamedTuple):
@@ -512,10 +535,11 @@ class Firing:
                 # Resolved whatever becomes of the slot (fired, put off, superseded).
                 self._resolve_carried(f.lease, s, timer, plan)
                 f = replace(f, lease=None)
-            if s is None and now - f.scheduled_for < NEW_SCHEDULE_WAIT:
-                # Perhaps a create in flight: its row lands right after this timer.
+            if (s is None or s.generation != f.generation) and change_in_flight(f, s, now):
+                # A create, update or resume in flight: its row lands right after this timer.
                 again = f.to_timer(self._timers.shard_count)
-                plan.next_timers.append(replace(again, fire_time=now + NEW_SCHEDULE_RECHECK))
+                plan.next_timers.append(replace(again, fire_time=now + IN_FLIGHT_RECHECK))
+                metrics.TIMERS_RECHECKED.inc()
                 continue
             if s is None or s.generation != f.generation or s.state is not ScheduleState.ACTIVE:
                 metrics.TIMERS_SUPERSEDED.inc()

@@ -26,6 +26,11 @@ TIMERS_SUPERSEDED = Counter(
     "cronscale_timers_superseded_total",
     "Due timers dropped because their schedule changed, paused or was deleted since.",
 )
+TIMERS_RECHECKED = Counter(
+    "cronscale_timers_rechecked_total",
+    "Due fire timers written again 2 s later because the change that wrote them (create, "
+    "update, resume) may not have landed yet.",
+)
 TIMERS_QUARANTINED = Counter(
     "cronscale_timers_quarantined_total",
     "Due timers set aside because firing them failed on its own (poison), by timer kind.",

@@ -573,9 +573,24 @@ def validate_payload(payload: bytes) -> bytes:
     return payload
 
 
+# A generation is the milliseconds since the epoch when it was minted, shifted left by this many
+# bits, with that many random bits below: 63 bits in all (a signed bigint) until the year 2248.
+_GENERATION_RANDOM_BITS = 20
+
+
 def new_generation() -> int:
-    """A fresh random fire token (63 bits, so it fits a signed bigint)."""
-    return secrets.randbits(63)
+    """A fresh fire token for a change to a schedule (decision 0002): unique to the change, and
+    ordered by the wall-clock time it was minted (``generation_minted``), so that a dispatcher
+    can tell a timer of a change still being written from one a later change superseded."""
+    ms = int(datetime.now(UTC).timestamp() * 1000)
+    return (ms << _GENERATION_RANDOM_BITS) | secrets.randbits(_GENERATION_RANDOM_BITS)
+
+
+def generation_minted(generation: int) -> datetime:
+    """When ``generation`` was minted by ``new_generation``. A generation minted before time
+    entered it (a random 63-bit number) decodes to a meaningless time, mostly in the future."""
+    ms = generation >> _GENERATION_RANDOM_BITS
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
 def day_of(t: datetime) -> int:

@@ -1,6 +1,8 @@
-"""A new schedule's first timer handed before the schedule's row landed (the API writes the timer
-first), against the real Cassandra and Kafka: it is looked at again shortly rather than dropped,
-so the schedule is not lost; a timer whose schedule stays missing is dropped in the end."""
+"""The first timer of a change handed before the change's row landed (the API writes the timer
+first, decision 0002), against the real Cassandra and Kafka: a new schedule's, or a resumed
+schedule's under its new generation, is looked at again shortly rather than dropped, so the
+schedule does not stop firing; a timer whose schedule stays missing, or that a later change
+superseded, is dropped."""
 
 from __future__ import annotations
 
@@ -13,9 +15,17 @@ import pytest
 from bucketer.keys import minute_bucket
 from bucketer.model import Timer
 from scheduler.config import Config
-from scheduler.firing import NEW_SCHEDULE_RECHECK, NEW_SCHEDULE_WAIT, Firing
+from scheduler.firing import IN_FLIGHT_RECHECK, IN_FLIGHT_WAIT, Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
-from scheduler.model import RunStatus, Schedule, ScheduleSpec, SpecKind, run_id_for
+from scheduler.model import (
+    RunStatus,
+    Schedule,
+    ScheduleSpec,
+    ScheduleState,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FireTimer
 from tests.integration.firing_support import firing_on, read_run_messages
@@ -40,12 +50,19 @@ async def rig(migrated: Config) -> AsyncIterator[tuple[Stores, Firing, str, str]
         stores.close()
 
 
-def _draft(schedule_id: str, at: datetime) -> Schedule:
+def _draft(
+    schedule_id: str,
+    at: datetime,
+    *,
+    generation: int = 7,
+    state: ScheduleState = ScheduleState.ACTIVE,
+) -> Schedule:
     return Schedule(
         schedule_id=schedule_id,
         handler="echo",
         spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
-        generation=7,
+        generation=generation,
+        state=state,
         create_time=at,
         update_time=at,
     )
@@ -78,7 +95,7 @@ async def test_a_first_timer_handed_before_its_schedule_row_fires_once_the_row_i
     await firing.on_due([timer])
     again = [t for t in await _rows_of(stores, timer, slot) if t.fire_time > slot]
     assert len(again) == 1
-    assert again[0].fire_time - datetime.now(UTC) <= NEW_SCHEDULE_RECHECK
+    assert again[0].fire_time - datetime.now(UTC) <= IN_FLIGHT_RECHECK
     assert await read_run_messages(bootstrap, topic) == []
     # The row lands; the timer comes round again and fires the slot it was written for.
     await stores.schedules.create(_draft(sid, slot))
@@ -93,7 +110,7 @@ async def test_a_timer_whose_schedule_stays_missing_is_dropped_in_the_end(
     rig: tuple[Stores, Firing, str, str],
 ) -> None:
     stores, firing, _topic, _bootstrap = rig
-    slot = (datetime.now(UTC) - NEW_SCHEDULE_WAIT - timedelta(seconds=1)).replace(microsecond=0)
+    slot = (datetime.now(UTC) - IN_FLIGHT_WAIT - timedelta(seconds=1)).replace(microsecond=0)
     sid = f"gone-{uuid.uuid4().hex[:8]}"
     timer = FireTimer(schedule_id=sid, generation=7, slot=slot, scheduled_for=slot).to_timer(
         stores.timers.shard_count
@@ -101,3 +118,54 @@ async def test_a_timer_whose_schedule_stays_missing_is_dropped_in_the_end(
     await stores.timers.put([timer], now=slot)
     await firing.on_due([timer])
     assert [t.fire_time for t in await _rows_of(stores, timer, slot)] == [timer.fire_time]
+
+
+async def test_a_resumed_schedules_first_timer_handed_before_the_resume_landed_fires_after_it(
+    rig: tuple[Stores, Firing, str, str],
+) -> None:
+    """Resume writes its first timer under the new generation, then the row (PAUSED -> ACTIVE,
+    that generation): handed in between, the timer finds the paused row and its old
+    generation. Before the fix it was counted superseded and the schedule never fired again."""
+    stores, firing, topic, bootstrap = rig
+    slot = datetime.now(UTC).replace(microsecond=0)
+    sid = f"resume-{uuid.uuid4().hex[:8]}"
+    paused = _draft(sid, slot, generation=new_generation(), state=ScheduleState.PAUSED)
+    await stores.schedules.create(paused)
+    resumed_generation = new_generation()
+    first = FireTimer(schedule_id=sid, generation=resumed_generation, slot=slot, scheduled_for=slot)
+    timer = first.to_timer(stores.timers.shard_count)
+    await stores.timers.put([timer], now=slot)
+    await firing.on_due([timer])
+    again = [t for t in await _rows_of(stores, timer, slot) if t.fire_time > slot]
+    assert len(again) == 1
+    assert again[0].fire_time - datetime.now(UTC) <= IN_FLIGHT_RECHECK
+    assert await read_run_messages(bootstrap, topic) == []
+    stored = (await stores.schedules.get_many([sid]))[sid]
+    assert await stores.schedules.change_state(
+        stored,
+        state=ScheduleState.ACTIVE,
+        generation=resumed_generation,
+        now=datetime.now(UTC),
+        next_fire_time=slot,
+    )
+    await firing.on_due(again)
+    run_id = run_id_for(sid, slot)
+    assert (await stores.runs.get_many([run_id]))[run_id].status is RunStatus.ENQUEUED
+    assert [m.run_id for m in await read_run_messages(bootstrap, topic)] == [run_id]
+
+
+async def test_a_timer_a_later_change_superseded_is_dropped_at_once(
+    rig: tuple[Stores, Firing, str, str],
+) -> None:
+    stores, firing, topic, bootstrap = rig
+    slot = datetime.now(UTC).replace(microsecond=0)
+    sid = f"superseded-{uuid.uuid4().hex[:8]}"
+    older = new_generation()
+    await stores.schedules.create(_draft(sid, slot, generation=new_generation()))
+    timer = FireTimer(schedule_id=sid, generation=older, slot=slot, scheduled_for=slot).to_timer(
+        stores.timers.shard_count
+    )
+    await stores.timers.put([timer], now=slot)
+    await firing.on_due([timer])
+    assert [t.fire_time for t in await _rows_of(stores, timer, slot)] == [timer.fire_time]
+    assert await read_run_messages(bootstrap, topic) == []
