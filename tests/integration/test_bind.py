@@ -1,0 +1,90 @@
+"""``bucketer.cql.bind`` against the driver's own ``PreparedStatement.bind``, on statements
+prepared by the real Cassandra: the same bytes for every value, null and unset alike, by
+position and by name, and the driver's errors where it would raise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from cassandra.cluster import Session
+from cassandra.query import UNSET_VALUE
+
+import bucketer
+import scheduler
+from bucketer.cql import Queries, bind
+from scheduler.config import Config
+
+NOW = datetime(2026, 12, 4, 12, 0, 0, 123000, tzinfo=UTC)
+
+
+@pytest.fixture
+def queries(session: Session, migrated: Config) -> Iterator[tuple[Queries, Queries]]:
+    yield (
+        Queries(
+            session, Path(scheduler.__file__).parent / "queries.cql", keyspace=migrated.keyspace
+        ),
+        Queries(
+            session, Path(bucketer.__file__).parent / "queries.cql", keyspace=migrated.keyspace
+        ),
+    )
+
+
+def test_positional_values_bind_as_the_driver_binds_them(queries: tuple[Queries, Queries]) -> None:
+    runs, _timers = queries
+    stmt = runs["insert_run"]
+    values = (
+        "s1",
+        20426,
+        NOW,
+        "s1@2026-12-04T12:00:00Z",
+        "ENQUEUED",
+        1,
+        "echo",
+        "acme",
+        False,
+        NOW,
+        UNSET_VALUE,
+        None,
+        UNSET_VALUE,
+        UNSET_VALUE,
+        None,
+        1500,
+        1764849600000000,
+    )
+    ours, theirs = bind(stmt, values), stmt.bind(values)
+    assert ours.values == theirs.values
+    assert ours.routing_key == theirs.routing_key
+    assert ours.keyspace == theirs.keyspace
+
+
+def test_named_values_and_missing_ones_bind_as_the_driver_binds_them(
+    queries: tuple[Queries, Queries],
+) -> None:
+    runs, _timers = queries
+    stmt = runs["mark_active"]
+    params = {"ts": 1764849600000000, "run_id": "s1@x", "schedule_id": "s1"}  # "seen" left out
+    ours, theirs = bind(stmt, params), stmt.bind(params)
+    assert ours.values == theirs.values
+    assert UNSET_VALUE in ours.values
+    assert ours.routing_key == theirs.routing_key
+
+
+def test_short_positional_values_are_unset_at_the_end(queries: tuple[Queries, Queries]) -> None:
+    _runs, timers = queries
+    stmt = timers["put_timer"]
+    values = (29000000, 3, NOW, "f:s1:1", "fire", "s1")  # data and TTL left out
+    assert bind(stmt, values).values == stmt.bind(values).values
+
+
+def test_bad_values_get_the_drivers_errors(queries: tuple[Queries, Queries]) -> None:
+    _runs, timers = queries
+    stmt = timers["put_timer"]
+    with pytest.raises(TypeError, match='column "shard"'):
+        bind(stmt, (29000000, "three", NOW, "f:s1:1", "fire", "s1", b"", 60))
+    with pytest.raises(ValueError, match="Too many arguments"):
+        bind(stmt, (29000000, 3, NOW, "f:s1:1", "fire", "s1", b"", 60, 1))
+    with pytest.raises(ValueError, match="routing key"):
+        bind(stmt, (UNSET_VALUE, 3, NOW, "f:s1:1", "fire", "s1", b"", 60))
