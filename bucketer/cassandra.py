@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from cassandra.cluster import Session
 
@@ -24,6 +25,18 @@ from bucketer.keys import minute_bucket
 from bucketer.model import SETTLED, Checkpoint, ShardLease, Timer, aware
 
 logger = logging.getLogger(__name__)
+
+
+class ShardScan(NamedTuple):
+    """One partition's part of a multi-partition read of timers (``scan_shards``)."""
+
+    timers: list[Timer]
+    """The timers read that the caller did not already know (see ``known``)."""
+    rows: int
+    """Rows the read returned, known or not: as many as the limit means more may follow."""
+    last: tuple[datetime, str] | None
+    """The last row's position (fire time, timer id): where a next page starts."""
+
 
 _EPOCH_START = datetime(1970, 1, 1, tzinfo=UTC)
 # Timers stay readable this long after they were due (for audits and late scans).
@@ -200,18 +213,31 @@ class CassandraTimerStore:
         after: tuple[datetime, str],
         until: datetime,
         limit_per_shard: int,
-    ) -> dict[int, list[Timer]]:
+        known: Callable[[int, tuple[datetime, str]], bool] | None = None,
+    ) -> dict[int, ShardScan]:
         """Timers of (bucket, s) for every s in ``shards``, after ``after`` and due by
-        ``until``, at most ``limit_per_shard`` each, in one multi-partition read."""
+        ``until``, at most ``limit_per_shard`` each, in one multi-partition read.
+
+        ``known(shard, position)`` names rows the caller holds already: they are counted, not
+        decoded. A scanner re-reads its recent past every tick for timers that land late, so
+        most rows it reads it has seen; building a ``Timer`` for each cost a dispatcher ~7 %
+        of its CPU at 100,000 firings a minute."""
         rows = await aexecute_all(
             self._session,
             self._q["scan_shards"],
             (bucket, list(shards), after[0], after[1], until, limit_per_shard),
         )
-        out: dict[int, list[Timer]] = {s: [] for s in shards}
+        timers: dict[int, list[Timer]] = {s: [] for s in shards}
+        counts = dict.fromkeys(shards, 0)
+        last: dict[int, tuple[datetime, str]] = {}
         for r in rows:
-            out[r.shard].append(Timer.from_row(r, shard=r.shard))
-        return out
+            shard = r.shard
+            position = (aware(r.fire_time), r.timer_id)
+            counts[shard] += 1
+            last[shard] = position
+            if known is None or not known(shard, position):
+                timers[shard].append(Timer.from_row(r, shard=shard))
+        return {s: ShardScan(timers[s], counts[s], last.get(s)) for s in shards}
 
     # Leases -------------------------------------------------------------------------------
 

@@ -350,12 +350,15 @@ class WheelScanner:
                     after=after,
                     until=until,
                     limit_per_shard=self._limit,
+                    known=self._known(bucket),
                 )
                 for p in chunk:
-                    timers = found.get(p.shard, [])
-                    self._take(p, bucket, timers)
-                    if len(timers) >= self._limit:
-                        more |= await self._read_rest(p, bucket, timers[-1].position, until)
+                    scan = found.get(p.shard)
+                    if scan is None:
+                        continue
+                    self._take(p, bucket, scan.timers)
+                    if scan.rows >= self._limit and scan.last is not None:
+                        more |= await self._read_rest(p, bucket, scan.last, until)
         for p in {id(p): p for ps in wanted.values() for p in ps}.values():
             p.read_until = until
             p.read_at = now
@@ -378,6 +381,17 @@ class WheelScanner:
                 return False
         p.cursors[bucket] = after
         return True
+
+    def _known(self, bucket: int) -> Callable[[int, Position], bool]:
+        """Whether a row of ``bucket`` read from a shard is one ``_take`` would pass over as
+        known: at or before its checkpoint, pending or handed already."""
+        shards = self.shards
+
+        def known(shard: int, pos: Position) -> bool:
+            p = shards.get(shard)
+            return p is not None and (pos in p.pending or pos in p.handed or pos <= p.after(bucket))
+
+        return known
 
     def _take(self, p: ShardProgress, bucket: int, timers: list[Timer]) -> None:
         if self.shards.get(p.shard) is not p:

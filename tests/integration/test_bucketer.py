@@ -861,3 +861,35 @@ def test_handing_ahead_beyond_the_lookahead_is_refused(store: CassandraTimerStor
             lookahead=timedelta(seconds=1),
             ahead={"fire": timedelta(seconds=2)},
         )
+
+
+async def test_a_multi_partition_read_counts_the_rows_it_knows_and_decodes_the_rest(
+    store: CassandraTimerStore,
+) -> None:
+    """A scanner re-reads its recent past every tick; rows it already holds are counted (a full
+    page still pages on, from the last row) but not decoded into timers."""
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=3)
+    timers = [
+        Timer(
+            fire_time=now + timedelta(milliseconds=i),
+            timer_id=f"known-{i}",
+            shard=9,
+            kind="t",
+            key=str(i),
+        )
+        for i in range(3)
+    ]
+    await store.put(timers, now=datetime.now(UTC))
+    seen = {timers[0].position, timers[2].position}
+    found = await store.scan_shards(
+        bucket=minute_bucket(now),
+        shards=[9, 10],
+        after=(now - timedelta(milliseconds=1), ""),
+        until=now + timedelta(seconds=1),
+        limit_per_shard=100,
+        known=lambda shard, position: shard == 9 and position in seen,
+    )
+    assert [t.timer_id for t in found[9].timers] == ["known-1"]
+    assert found[9].rows == 3
+    assert found[9].last == timers[2].position
+    assert found[10].timers == [] and found[10].rows == 0 and found[10].last is None
