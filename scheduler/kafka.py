@@ -149,16 +149,7 @@ async def ensure_topics(
     security: KafkaSecurity | None = None,
 ) -> None:
     """Creates the run topics if missing (replication 1 locally; production pre-creates them)."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="cronscale-admin",
-        **(security or KafkaSecurity()).client_options(),
-    )
-    try:
-        await admin.start()
-    except KafkaConnectionError as e:
-        await admin.close()
-        raise _unreachable(bootstrap, security or KafkaSecurity(), e) from e
+    admin = await _admin(bootstrap, security)
     try:
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t not in existing]
@@ -181,12 +172,7 @@ async def delete_topics(
     private topics once it is done: left behind, they pile up and every client's metadata
     carries them). Returns the names deleted; raises KafkaError naming a topic the broker
     refused to delete."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="cronscale-admin",
-        **(security or KafkaSecurity()).client_options(),
-    )
-    await admin.start()
+    admin = await _admin(bootstrap, security)
     try:
         doomed = sorted(
             t for t in await admin.list_topics() if t == prefix or t.startswith(f"{prefix}.")
@@ -199,6 +185,20 @@ async def delete_topics(
         return doomed
     finally:
         await admin.close()
+
+
+async def _admin(bootstrap: str, security: KafkaSecurity | None) -> AIOKafkaAdminClient:
+    """A started admin client; Unavailable saying how to start Kafka if none answers."""
+    security = security or KafkaSecurity()
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id="cronscale-admin", **security.client_options()
+    )
+    try:
+        await admin.start()
+    except KafkaConnectionError as e:
+        await admin.close()
+        raise _unreachable(bootstrap, security, e) from e
+    return admin
 
 
 def _unreachable(bootstrap: str, security: KafkaSecurity, e: Exception) -> Unavailable:
