@@ -19,6 +19,9 @@ from scheduler.fairness import DEFAULT_TIER
 from worker.errors import ConfigError
 from worker.kafka_security import KafkaSecurity
 
+# How long before its slot a fire timer is handed (decision 0011): at 100,000 firings a minute
+# on the development box, handler start p50 ~0.10 s against ~0.18 s without, for less CPU.
+DEFAULT_FIRE_AHEAD_MS = 300
 # Turns per round of each tier when a backlog is dispatched round-robin across tenants.
 DEFAULT_TIER_WEIGHTS = {"free": 1, "standard": 2, "premium": 4}
 
@@ -56,10 +59,9 @@ class Config:
     misfire_threshold_s: float = 30.0
     # Fire timers are handed this long before their time: the run rows are written and the
     # schedule's next timer put ahead, and the run message is produced at the slot's time
-    # (scheduler.firing, decision 0011). 0 (the default) hands them at their time; at most the
-    # scanner's 1 s lookahead. Opt-in until a dispatcher killed while holding messages can no
-    # longer leave its schedules "in progress" (decision 0011).
-    fire_ahead_ms: int = 0
+    # (scheduler.firing, decision 0011). 300 ms by default; 0 hands them at their time; at most
+    # the scanner's 1 s lookahead.
+    fire_ahead_ms: int = DEFAULT_FIRE_AHEAD_MS
     # Schedules a dispatcher keeps in memory to fire without reading them
     # (scheduler.schedule_cache), least recently fired evicted first; 0 reads every schedule.
     schedule_cache: int = 200_000
@@ -124,7 +126,7 @@ class Config:
             shard_count=_int("CRONSCALE_SHARDS", 64),
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
-            fire_ahead_ms=_fire_ahead(_int("CRONSCALE_FIRE_AHEAD_MS", 0)),
+            fire_ahead_ms=_fire_ahead(_int("CRONSCALE_FIRE_AHEAD_MS", DEFAULT_FIRE_AHEAD_MS)),
             schedule_cache=_not_negative(
                 "CRONSCALE_SCHEDULE_CACHE", _int("CRONSCALE_SCHEDULE_CACHE", 200_000)
             ),

@@ -35,8 +35,8 @@ def test_bad_tier_weights_name_the_variable_and_the_problem(raw: str, problem: s
     assert e.value.field == "CRONSCALE_TIER_WEIGHTS" and problem in str(e.value)
 
 
-def test_fire_ahead_is_off_by_default_and_read_from_the_environment() -> None:
-    assert Config.from_env({}).fire_ahead_ms == 0
+def test_fire_ahead_is_300_ms_by_default_and_read_from_the_environment() -> None:
+    assert Config.from_env({}).fire_ahead_ms == 300
     assert Config.from_env({"CRONSCALE_FIRE_AHEAD_MS": "0"}).fire_ahead_ms == 0
     assert Config.from_env({"CRONSCALE_FIRE_AHEAD_MS": "750"}).fire_ahead_ms == 750
 
