@@ -348,13 +348,19 @@ def bind(stmt: PreparedStatement, params: Params) -> BoundStatement:
     serialized by its column's type, None as null, ``UNSET_VALUE`` and missing trailing or
     named values as unset), without the driver's per-value work for column encryption, which
     no session here uses: it builds a column descriptor (a named tuple) for every value, ~10 %
-    of a dispatcher's binding at 100,000 firings a minute. Anything unusual (encryption, too
-    many values, a value of the wrong type) goes through the driver, for its checks and errors.
+    of a dispatcher's binding at 100,000 firings a minute. Anything unusual (encryption, a
+    protocol before v4, parameters that are neither a sequence nor a dict, too many values, a
+    value of the wrong type) goes through the driver, for its checks and errors.
     """
-    if stmt.column_encryption_policy is not None:
-        return stmt.bind(params)
     binding = _binding(stmt)
-    if isinstance(params, Mapping):
+    if (
+        params is None
+        or stmt.column_encryption_policy is not None
+        or binding.protocol_version < 4
+        or (isinstance(params, Mapping) and not isinstance(params, dict))
+    ):
+        return stmt.bind(params)
+    if isinstance(params, dict):
         values: Sequence[Any] = [params.get(name, UNSET_VALUE) for name in binding.names]
     else:
         values = params

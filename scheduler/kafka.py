@@ -171,7 +171,7 @@ async def delete_topics(
     """Deletes every topic named ``prefix`` or ``prefix.<anything>`` (a benchmark's or test's
     private topics once it is done: left behind, they pile up and every client's metadata
     carries them). Returns the names deleted; raises KafkaError naming a topic the broker
-    refused to delete."""
+    refused to delete, and Unavailable (with how to start Kafka) if no broker answers."""
     admin = await _admin(bootstrap, security)
     try:
         doomed = sorted(

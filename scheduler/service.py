@@ -310,6 +310,8 @@ class ScheduleService:
         catch_up = (
             decided.fire[: max(0, s.spec.max_runs - fired)] if s.spec.max_runs else decided.fire
         )
+        # Minted again just before the timers are written (as in Lifecycle.update).
+        resumed = replace(resumed, generation=new_generation())
         first = self.first_fire(resumed, now, fired=fired + len(catch_up))
         timers = [
             RunTimer(

@@ -175,6 +175,10 @@ def _pause_wait_resume(
     schedule, its missed slots, and its runs once the resume's catch-up has settled."""
     s = _create(stack, "* * * * * *")
     wait_for_runs(stack, s.id, lambda rs: len(rs) >= 1, 10, "a first run")
+    # Paused just after a whole second: the next slot is then further away than the
+    # dispatcher's fire-ahead (300 ms), which plans a slot that far ahead, pause or not
+    # (decision 0011).
+    time.sleep(1.05 - time.time() % 1)
     paused = stack.api.PauseSchedule(
         scheduler_service_pb2.PauseScheduleRequest(id=s.id, note="misfire test"), timeout=10
     )

@@ -24,9 +24,10 @@ from scheduler.timers import FireTimer
 from tests.integration.firing_support import firing_on, read_run_records
 
 AHEAD = timedelta(milliseconds=2500)
-# How long before its slot the tests hand a timer (within AHEAD, as the scanner would), and how
-# close to the slot the next timer must have been seen. The gap between them is what a loaded
-# CI machine gets for one write: 150 ms proved too little there.
+# How long before its slot the tests hand a timer (within AHEAD; wider than a scanner's 1 s
+# lookahead allows, which the firing logic does not know), and how close to the slot the next
+# timer must have been seen. The gap between them is what a loaded CI machine gets for one
+# write: 150 ms proved too little there.
 HANDED = timedelta(seconds=2)
 SEEN_BY = timedelta(milliseconds=300)
 
