@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from bucketer.cassandra import CassandraTimerStore
@@ -98,19 +99,23 @@ class RepairSweep:
         nxt = next_slot(s, self._clock())
         if nxt is None:
             return s.schedule_id, True  # never fires again: nothing to arm
-        want = FireTimer(
+        pending = FireTimer(
             schedule_id=s.schedule_id,
             generation=s.generation,
             slot=nxt.slot,
             scheduled_for=nxt.at,
-        ).to_timer(self._timers.shard_count)
-        found = await self._timers.read(want)
-        alive = (
-            found is not None
-            and found.kind == FIRE
-            and json.loads(found.data).get("g") == s.generation
         )
-        return s.schedule_id, alive
+        # In its chain's row, or, not yet fired since the change, in the change's own row.
+        for first in (False, True):
+            want = replace(pending, first=first).to_timer(self._timers.shard_count)
+            found = await self._timers.read(want)
+            if (
+                found is not None
+                and found.kind == FIRE
+                and json.loads(found.data).get("g") == s.generation
+            ):
+                return s.schedule_id, True
+        return s.schedule_id, False
 
     async def _rearm(self, s: Schedule) -> None:
         now = self._clock()
@@ -125,6 +130,7 @@ class RepairSweep:
                 scheduled_for=last.at,
                 fired=fired,
                 tenant=s.tenant,
+                first=True,
             )
         else:
             timer = self._svc.first_fire(s, now, fired=fired)

@@ -129,6 +129,7 @@ class ScheduleService:
             scheduled_for=nxt.at,
             fired=fired,
             tenant=s.tenant,
+            first=True,
         )
 
     async def create_many(

@@ -58,6 +58,12 @@ class FireTimer:
     # fires it settles the lease from the schedule row it reads anyway (the run finished) or
     # writes it as a lease timer then (scheduler.firing, "carried leases").
     lease: LeaseTimer | None = None
+    # The first timer of a change (create, update, resume, a repair): stored in a row of its
+    # own, id "<schedule id>~<generation>", not under the schedule id its chain's timers share.
+    # At the slot of the timer it supersedes, a shared row was overwritten after a scanner had
+    # read the old timer; the scanner hands a position once, so the change's timer was never
+    # handed, the old one was dropped as superseded, and the schedule stopped until a repair.
+    first: bool = False
 
     @property
     def held_by_quota(self) -> bool:
@@ -87,7 +93,10 @@ class FireTimer:
                 self.lease.stamp,
             ]
         fire_at = self.scheduled_for + timedelta(milliseconds=self.deferred_ms)
-        return _timer(FIRE, self.schedule_id, self.schedule_id, fire_at, doc, shard_count)
+        timer_id = first_timer_id(self.schedule_id, self.generation) if self.first else None
+        return _timer(
+            FIRE, self.schedule_id, timer_id or self.schedule_id, fire_at, doc, shard_count
+        )
 
     @classmethod
     def from_timer(cls, timer: Timer) -> FireTimer:
@@ -113,6 +122,7 @@ class FireTimer:
             capped=bool(doc.get("cc", False)),
             tenant=str(doc.get("t", "")),
             lease=lease,
+            first=timer.timer_id != timer.key,
         )
 
 
@@ -299,6 +309,11 @@ def tenant_of(timer: Timer) -> str:
         return str(json.loads(timer.data).get("t", ""))
     except ValueError:
         return ""  # poison is the firing path's to quarantine, not the fairness order's
+
+
+def first_timer_id(schedule_id: str, generation: int) -> str:
+    """The id of the first fire timer of the change that minted ``generation``."""
+    return f"{schedule_id}~{generation}"
 
 
 def fire_timer_place(schedule_id: str, fire_at: datetime, shard_count: int) -> Timer:

@@ -6,8 +6,10 @@ superseded, is dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,6 +19,7 @@ from bucketer.model import Timer
 from scheduler.config import Config
 from scheduler.firing import IN_FLIGHT_RECHECK, IN_FLIGHT_WAIT, Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.lifecycle import Lifecycle
 from scheduler.model import (
     RunStatus,
     Schedule,
@@ -26,6 +29,7 @@ from scheduler.model import (
     new_generation,
     run_id_for,
 )
+from scheduler.service import ScheduleService
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FireTimer
 from tests.integration.firing_support import firing_on, read_run_messages
@@ -169,3 +173,53 @@ async def test_a_timer_a_later_change_superseded_is_dropped_at_once(
     await firing.on_due([timer])
     assert [t.fire_time for t in await _rows_of(stores, timer, slot)] == [timer.fire_time]
     assert await read_run_messages(bootstrap, topic) == []
+
+
+async def _fire_rows(stores: Stores, schedule_id: str, slot: datetime) -> list[Timer]:
+    """Every fire timer row of ``schedule_id`` due at ``slot``, whatever its id."""
+    shard = FireTimer(
+        schedule_id=schedule_id, generation=0, slot=slot, scheduled_for=slot
+    ).to_timer(stores.timers.shard_count)
+    found = await stores.timers.scan(
+        shard=shard.shard,
+        bucket=minute_bucket(slot),
+        after=(slot - timedelta(milliseconds=1), ""),
+        until=slot,
+        limit=100,
+    )
+    return [t for t in found if t.key == schedule_id and t.kind == "fire"]
+
+
+async def test_an_update_while_the_next_timer_is_read_keeps_the_schedule_firing(
+    rig: tuple[Stores, Firing, str, str],
+) -> None:
+    """A scanner holds a schedule's next fire timer from a read up to 1 s ahead, and hands a
+    position once. An update that keeps the cron writes its first timer for that same slot.
+    When the two shared a row, the update overwrote a row the scanner had read: the old timer
+    was handed, dropped as superseded, and the update's was never handed. The schedule stopped
+    until a repair sweep. The change's first timer now has a row of its own, and fires."""
+    stores, firing, topic, bootstrap = rig
+    svc = ScheduleService(schedules=stores.schedules, runs=stores.runs, timers=stores.timers)
+    # Just after a whole second: the create, the read and the update share the next slot.
+    await asyncio.sleep(1.05 - datetime.now(UTC).timestamp() % 1)
+    sid = f"update-{uuid.uuid4().hex[:8]}"
+    every_second = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * * *")
+    created = await svc.create(
+        replace(_draft(sid, datetime.now(UTC)), spec=every_second), schedule_id=sid
+    )
+    slot = created.next_fire_time
+    assert slot is not None
+    # What a scanner read ahead: the schedule's timer for the slot.
+    (read_ahead,) = await _fire_rows(stores, sid, slot)
+    updated = await Lifecycle(svc).update(
+        replace(created, payload=b"new"), schedule_id=sid, version=created.version
+    )
+    assert updated.next_fire_time == slot, "the update's first slot is the one already read"
+    # The timer read before the update is handed, and dropped: its generation was superseded.
+    await firing.on_due([read_ahead])
+    assert await read_run_messages(bootstrap, topic) == []
+    # The update's timer is in a row the scanner has not handed: it is handed, and fires.
+    fresh = [t for t in await _fire_rows(stores, sid, slot) if t.position != read_ahead.position]
+    assert [FireTimer.from_timer(t).generation for t in fresh] == [updated.generation]
+    await firing.on_due(fresh)
+    assert [m.run_id for m in await read_run_messages(bootstrap, topic)] == [run_id_for(sid, slot)]
