@@ -86,6 +86,20 @@ async def _rows_of(stores: Stores, timer: Timer, around: datetime) -> list[Timer
     return [t for t in found if t.timer_id == timer.timer_id]
 
 
+async def _handed_in_the_gap(
+    stores: Stores, firing: Firing, timer: Timer, slot: datetime, bootstrap: str, topic: str
+) -> list[Timer]:
+    """Hands ``timer`` (due at ``slot``) while the change that wrote it has not landed: it is
+    written again shortly after, not fired and not dropped. Returns the row written again."""
+    await stores.timers.put([timer], now=slot)
+    await firing.on_due([timer])
+    again = [t for t in await _rows_of(stores, timer, slot) if t.fire_time > slot]
+    assert len(again) == 1
+    assert again[0].fire_time - datetime.now(UTC) <= IN_FLIGHT_RECHECK
+    assert await read_run_messages(bootstrap, topic) == []
+    return again
+
+
 async def test_a_first_timer_handed_before_its_schedule_row_fires_once_the_row_is_there(
     rig: tuple[Stores, Firing, str, str],
 ) -> None:
@@ -93,14 +107,10 @@ async def test_a_first_timer_handed_before_its_schedule_row_fires_once_the_row_i
     slot = datetime.now(UTC).replace(microsecond=0)
     sid = f"race-{uuid.uuid4().hex[:8]}"
     first = FireTimer(schedule_id=sid, generation=7, slot=slot, scheduled_for=slot)
-    timer = first.to_timer(stores.timers.shard_count)
-    await stores.timers.put([timer], now=slot)
     # Handed while the API's insert of the schedule row is still in flight.
-    await firing.on_due([timer])
-    again = [t for t in await _rows_of(stores, timer, slot) if t.fire_time > slot]
-    assert len(again) == 1
-    assert again[0].fire_time - datetime.now(UTC) <= IN_FLIGHT_RECHECK
-    assert await read_run_messages(bootstrap, topic) == []
+    again = await _handed_in_the_gap(
+        stores, firing, first.to_timer(stores.timers.shard_count), slot, bootstrap, topic
+    )
     # The row lands; the timer comes round again and fires the slot it was written for.
     await stores.schedules.create(_draft(sid, slot))
     await firing.on_due(again)
@@ -137,13 +147,9 @@ async def test_a_resumed_schedules_first_timer_handed_before_the_resume_landed_f
     await stores.schedules.create(paused)
     resumed_generation = new_generation()
     first = FireTimer(schedule_id=sid, generation=resumed_generation, slot=slot, scheduled_for=slot)
-    timer = first.to_timer(stores.timers.shard_count)
-    await stores.timers.put([timer], now=slot)
-    await firing.on_due([timer])
-    again = [t for t in await _rows_of(stores, timer, slot) if t.fire_time > slot]
-    assert len(again) == 1
-    assert again[0].fire_time - datetime.now(UTC) <= IN_FLIGHT_RECHECK
-    assert await read_run_messages(bootstrap, topic) == []
+    again = await _handed_in_the_gap(
+        stores, firing, first.to_timer(stores.timers.shard_count), slot, bootstrap, topic
+    )
     stored = (await stores.schedules.get_many([sid]))[sid]
     assert await stores.schedules.change_state(
         stored,
