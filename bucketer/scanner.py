@@ -382,14 +382,19 @@ class WheelScanner:
         p.cursors[bucket] = after
         return True
 
-    def _known(self, bucket: int) -> Callable[[int, Position], bool]:
+    def _known(self, bucket: int) -> Callable[[int, Position, bytes], bool]:
         """Whether a row of ``bucket`` read from a shard is one ``_take`` would pass over as
-        known: at or before its checkpoint, pending or handed already."""
+        known: pending as read (same data), handed already, or at or before its checkpoint."""
         shards = self.shards
 
-        def known(shard: int, pos: Position) -> bool:
+        def known(shard: int, pos: Position, data: bytes) -> bool:
             p = shards.get(shard)
-            return p is not None and (pos in p.pending or pos in p.handed or pos <= p.after(bucket))
+            if p is None:
+                return False
+            held = p.pending.get(pos)
+            if held is not None:
+                return held.data == data
+            return pos in p.handed or pos <= p.after(bucket)
 
         return known
 
@@ -397,12 +402,21 @@ class WheelScanner:
         if self.shards.get(p.shard) is not p:
             return  # lost while reading
         floor = p.after(bucket)
+        pending = p.pending
         for t in timers:
             if t.kind == SETTLED or not t.kind:
                 continue  # settled, or a note left where no timer was written
             pos = t.position
-            if pos > floor and pos not in p.handed and pos not in p.pending:
-                p.pending[pos] = t
+            held = pending.get(pos)
+            if held is not None:
+                # Written again since it was read, before it was handed: two chains of a
+                # schedule (the one a change superseded and the change's) put their next timers
+                # at the same place, and the row holds the last write. Hand what it holds now;
+                # a position is handed once.
+                if held.data != t.data:
+                    pending[pos] = t
+            elif pos > floor and pos not in p.handed:
+                pending[pos] = t
 
     async def fire_due(self) -> int:
         """Hands the pending timers that are due to ``on_due``, in batches, oldest first (or,

@@ -886,8 +886,8 @@ class Firing:
         slot's next owner fires it (or records it missed) as if it had never been handed
         (decision 0011). Releases due within ``RELEASE_SLICE`` of each other go out together,
         at the latest one's time (``BUSY_RELEASE_SLICE`` for a batch of ``BUSY_RELEASES`` or
-        more). A release time further ahead than ``fire_ahead`` (a clock
-        that jumped) does not hold a message longer than that.
+        more). A release time further ahead than ``fire_ahead`` (a clock that jumped) does not
+        hold a message longer than that.
         """
         if self._fire_ahead <= 0:
             await self._release(topic, None, releases)

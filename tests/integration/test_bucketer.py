@@ -892,9 +892,40 @@ async def test_a_multi_partition_read_counts_the_rows_it_knows_and_decodes_the_r
         after=(now - timedelta(milliseconds=1), ""),
         until=now + timedelta(seconds=1),
         limit_per_shard=100,
-        known=lambda shard, position: shard == 9 and position in seen,
+        known=lambda shard, position, _data: shard == 9 and position in seen,
     )
     assert [t.timer_id for t in found[9].timers] == ["known-1"]
     assert found[9].rows == 3
     assert found[9].last == timers[2].position
     assert found[10].timers == [] and found[10].rows == 0 and found[10].last is None
+
+
+async def test_a_timer_written_again_after_it_was_read_is_handed_as_the_row_is_now(
+    store: CassandraTimerStore,
+) -> None:
+    """Two chains of a schedule (the one an update superseded, and the update's) can put their
+    next timers at the same place, and the row holds the last write. A scanner that read the
+    row before the second write hands what the row holds when it is due, not what it read: it
+    hands a position once, so handing the superseded timer lost the other chain."""
+    shard = 4
+    now = datetime.now(UTC)
+    at = now + timedelta(milliseconds=700)
+    at = at.replace(microsecond=at.microsecond // 1000 * 1000)  # as Cassandra keeps it
+    # Due ahead of anything a checkpoint can have passed (they trail now by the grace).
+    claimed = await _claim(store, shard, "rewrite")
+    first = Timer(fire_time=at, timer_id="same-place", shard=shard, kind="t", key="k", data=b"1")
+    await store.put([first], now=now)
+    fired: list[Timer] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(batch)
+
+    scanner = WheelScanner(store, on_due, grace=timedelta(seconds=1))
+    await scanner.add_shard(claimed)
+    await scanner.read(datetime.now(UTC))
+    assert scanner.shards[shard].pending[first.position].data == b"1"
+    await store.put([replace(first, data=b"2")], now=datetime.now(UTC))
+    await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.05)
+    await scanner.read(datetime.now(UTC))
+    await scanner.fire_due()
+    assert [t.data for t in fired if t.timer_id == "same-place"] == [b"2"]
