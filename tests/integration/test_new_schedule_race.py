@@ -170,8 +170,9 @@ async def test_a_timer_a_later_change_superseded_is_dropped_at_once(
     stores, firing, topic, bootstrap = rig
     slot = datetime.now(UTC).replace(microsecond=0)
     sid = f"superseded-{uuid.uuid4().hex[:8]}"
-    older = new_generation()
-    await stores.schedules.create(_draft(sid, slot, generation=new_generation()))
+    current = new_generation()
+    older = current - (1000 << 20)  # minted a second before the current one (not a tie)
+    await stores.schedules.create(_draft(sid, slot, generation=current))
     timer = FireTimer(schedule_id=sid, generation=older, slot=slot, scheduled_for=slot).to_timer(
         stores.timers.shard_count
     )
