@@ -558,7 +558,7 @@ class Firing:
                 # Resolved whatever becomes of the slot (fired, put off, superseded).
                 self._resolve_carried(f.lease, s, timer, plan)
                 f = replace(f, lease=None)
-            if (s is None or s.generation != f.generation) and change_in_flight(f, s, now):
+            if change_in_flight(f, s, now):
                 # A create, update or resume in flight: its row lands right after this timer.
                 again = f.to_timer(self._timers.shard_count)
                 plan.next_timers.append(replace(again, fire_time=now + IN_FLIGHT_RECHECK))
