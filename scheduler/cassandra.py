@@ -13,7 +13,15 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import UNSET_VALUE, SimpleStatement
 
-from bucketer.cql import Queries, Write, aexecute, execute_conditional, first, write_grouped
+from bucketer.cql import (
+    Queries,
+    Write,
+    aexecute,
+    aexecute_all,
+    execute_conditional,
+    first,
+    write_grouped,
+)
 from bucketer.keys import minute_bucket
 from bucketer.model import Timer, aware, micros
 from scheduler.dead_letters import Attempt
@@ -34,6 +42,14 @@ logger = logging.getLogger(__name__)
 
 # How far back ListRuns looks: the run table's TTL.
 RUN_RETENTION_DAYS = 30
+# A run's row goes out with its message, at its slot (fire-ahead holds both until then): a run
+# with no row this long after its slot never went out (its dispatcher died holding it; the
+# slot's next owner fires it again, under the same id, or records it missed), and holds up no
+# later slot.
+UNRECORDED_RUN = timedelta(seconds=10)
+# Run rows of one day read when asking which of a schedule's runs are in progress (an
+# every-second schedule skipping its slots behind a long run writes 3,600 an hour).
+RUNS_LOOKED_AT = 10_000
 MAX_ERROR_CHARS = 4096
 # Statuses that do not show a worker took the run (its message may never have reached Kafka).
 _NOT_TAKEN = (RunStatus.ENQUEUED.value, RunStatus.SKIPPED.value)
@@ -74,6 +90,18 @@ def _set(value: object) -> object:
     """A value to bind, or "unset" for None: a null bound in an insert is written as a
     tombstone cell; an unset one writes nothing."""
     return UNSET_VALUE if value is None else value
+
+
+def run_alive(row: Any, scheduled_for: datetime, now: datetime, stale_after: timedelta) -> bool:
+    """Whether a run is in progress by its run row (None: not written): not ended, and a
+    sign of life (its slot, enqueue, start or last heartbeat) within ``stale_after``. A run
+    with no row is in progress only until ``UNRECORDED_RUN`` past its slot."""
+    if row is None:
+        return now - scheduled_for < min(stale_after, UNRECORDED_RUN)
+    if row.status in _ENDED:
+        return False
+    seen = [t for t in (row.enqueue_time, row.start_time, row.heartbeat_time) if t]
+    return now - max([scheduled_for, *(aware(t) for t in seen)]) < stale_after
 
 
 def run_cell_time(scheduled_for: datetime, attempt: int, rank: int) -> int:
@@ -581,7 +609,10 @@ class CassandraRunStore:
                             (ts, e.status.value, e.event_time, error, e.worker_id, *where),
                         )
                     )
-                if tracked and not e.done_noted_on_timer(now):
+                # A run whose message names its schedule's next fire timer was marked in
+                # progress on that timer, not on the schedule row: its end is noted there, or,
+                # that timer too close to due, found from its run row when the timer fires.
+                if tracked and e.next_fire_time is None:
                     items.append(
                         self._schedules.mark_done(
                             e.schedule_id, e.run_id, e.enqueue_time or e.scheduled_for
@@ -627,6 +658,47 @@ class CassandraRunStore:
         return await self._runs_where(
             "get_run_status", list(run_ids), lambda row: row.status in _ENDED
         )
+
+    async def still_running(
+        self, run_ids: Sequence[str], *, now: datetime, stale_after: timedelta
+    ) -> set[str]:
+        """Which of the runs are still in progress (``run_alive``): one read each, for the
+        runs a fire timer carries as its schedule's runs in progress (``FireTimer.running``)
+        when the dispatcher cannot decide the slot from its cache, never for every firing."""
+
+        async def one(run_id: str) -> str | None:
+            ref = parse_run_id(run_id)
+            rows = await aexecute(
+                self.session,
+                self.q["get_run_life"],
+                (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
+            )
+            alive = run_alive(first(rows), ref.scheduled_for, now, stale_after)
+            return run_id if alive else None
+
+        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
+        return {r for r in found if r is not None}
+
+    async def running_of(
+        self, schedule_id: str, *, now: datetime, stale_after: timedelta
+    ) -> list[str]:
+        """The schedule's runs in progress by its run rows (``run_alive``; backfill runs
+        left out), newest slot first: today's and yesterday's rows, at most
+        ``RUNS_LOOKED_AT`` of each. For TriggerSchedule, CancelSchedule, resume and update
+        (the run of a slot is marked in progress on its schedule's next fire timer, which
+        these calls do not read), never for a firing."""
+        found: list[str] = []
+        for day in (day_of(now), day_of(now) - 1):
+            rows = await aexecute_all(
+                self.session, self.q["runs_life_day"], (schedule_id, day, RUNS_LOOKED_AT)
+            )
+            for row in rows:
+                if row.backfill_id:
+                    continue
+                ref = parse_run_id(row.run_id)
+                if run_alive(row, ref.scheduled_for, now, stale_after):
+                    found.append(row.run_id)
+        return found
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` an operator or a CANCEL_PREVIOUS slot asked to cancel."""

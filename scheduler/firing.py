@@ -4,8 +4,9 @@ For a batch of due timers: read their schedules in one multi-partition query and
 timers a change has superseded (generation mismatch, paused, deleted). For each live fire timer
 decide, by the schedule's policies, which slots run and which are recorded SKIPPED with a reason
 (misfire, overlap, max_runs, dst); record the runs (ENQUEUED or SKIPPED), mark enqueued runs in
-progress on their schedule, put each schedule's next timer (grouped writes), then produce the run
-messages to Kafka and wait for their acknowledgement. Only then does the scanner move its
+progress (on the schedule's next fire timer, or on the schedule row; decision 0013), put each
+schedule's next timer (grouped writes), then produce the run messages to Kafka and wait for
+their acknowledgement. Only then does the scanner move its
 checkpoint, so a crash anywhere re-fires the batch with the same run ids (at-least-once).
 
 Carried leases: every enqueued attempt holds a lease (scheduler.retries). A run fired from a
@@ -300,12 +301,18 @@ def plan_fire(
             stamp=micros(enqueue_instant(now)),
         )
         plan.carried.add(lease.run_id)
+    # The run marked in progress on the next fire timer rather than the schedule row (decision
+    # 0013): a single run whose end the API can note on that timer. Nothing enqueued (the slot
+    # skipped or held back for runs in progress): the timer carries on those it came with.
+    running: tuple[str, ...] = () if to_fire else s.running
     if (
         len(to_fire) == 1
         and s.policies.overlap is not OverlapMode.BUFFER_ONE
         and nxt.at - now > DONE_NOTE_LEAD
     ):
-        plan.note_on[run_id_for(s.schedule_id, to_fire[0].at)] = nxt.at
+        run_id = run_id_for(s.schedule_id, to_fire[0].at)
+        plan.note_on[run_id] = nxt.at
+        running = (run_id,)
     plan.next_timers.append(
         FireTimer(
             schedule_id=s.schedule_id,
@@ -316,8 +323,13 @@ def plan_fire(
             quota_behind=behind,
             tenant=s.tenant,
             lease=lease,
+            running=running,
         ).to_timer(shard_count)
     )
+
+
+async def _nothing() -> set[str]:
+    return set()
 
 
 def enqueue_instant(now: datetime) -> datetime:
@@ -658,22 +670,49 @@ class Firing:
         now = self._clock()
         noted = {t.key: t.done_run for t in fire_timers if t.done_run}
         in_progress: dict[str, str] = {}
-        for sid in fired & read.keys():
+        weighed = {
+            sid
+            for sid in fired & read.keys()
+            if read[sid].policies.overlap is not OverlapMode.ALLOW
+        }
+        for sid in weighed:
             s = read[sid]
             if s.active_run and s.active_run != s.done_run and noted.get(sid) == s.active_run:
                 s = read[sid] = replace(s, done_run=s.active_run)
-            if s.policies.overlap is not OverlapMode.ALLOW:
-                for run_id in s.in_progress(now, stale_after=STALE_RUN):
-                    in_progress[run_id] = sid
+            for run_id in s.in_progress(now, stale_after=STALE_RUN):
+                in_progress[run_id] = sid
+        # Runs the fire timers mark in progress (decision 0013), less one whose end the API
+        # noted on the timer: looked up in their run rows.
+        carried: dict[str, str] = {}
+        for f, timer in zip(fires, fire_timers, strict=True):
+            if f.schedule_id in weighed:
+                for run_id in f.running:
+                    if run_id != timer.done_run:
+                        carried[run_id] = f.schedule_id
         # The schedule row shows the run enqueued last in progress until a report marks it
         # done there; a run whose end was noted on a fire timer is done, yet marked only there.
-        for run_id in await self._runs.ended(list(in_progress)) if in_progress else ():
+        ended, alive = await asyncio.gather(
+            self._runs.ended(list(in_progress)) if in_progress else _nothing(),
+            (
+                self._runs.still_running(list(carried), now=now, stale_after=STALE_RUN)
+                if carried
+                else _nothing()
+            ),
+        )
+        for run_id in ended:
             sid = in_progress.pop(run_id)
             read[sid] = replace(read[sid], done_run=run_id)
+        running: dict[str, list[str]] = {}
+        for run_id, sid in carried.items():
+            if run_id in alive:
+                running.setdefault(sid, []).append(run_id)
+        for sid, ids in running.items():
+            read[sid] = replace(read[sid], running=tuple(ids))
         if cache is not None:
             for sid in fired & read.keys():
                 s = read[sid]
-                cache.put(s, active_run=s.active_run if s.active_run != s.done_run else "")
+                marked = s.active_run if s.active_run != s.done_run else ""
+                cache.put(s, active_run=marked or (s.running[0] if s.running else ""))
         return {**cached, **read}
 
     def _resolve_carried(
@@ -786,8 +825,9 @@ class Firing:
     async def _apply(self, plan: FiringPlan, now: datetime) -> None:
         """Writes the batch's rows and produces its messages.
 
-        Each enqueued run's own rows (its run row, ENQUEUED; its schedule's overlap cell; its
-        lease timer) go out with its message: at once without fire-ahead, at the message's
+        Each enqueued run's own rows (its run row, ENQUEUED; its schedule's overlap cell,
+        unless its next fire timer marks it in progress; its lease timer) go out with its
+        message: at once without fire-ahead, at the message's
         release with it (decision 0011). Everything else (skipped slots, next timers, buffered
         and completed cells, cancel requests) is written at once, so a schedule's chain of
         timers never waits for a held message."""
@@ -800,12 +840,14 @@ class Firing:
         for (s, run), rows in zip(plan.enqueue, own, strict=True):
             if run.backfill_id:
                 continue  # backfill runs never hold up the schedule's own slots (overlap)
+            if self._cache is not None:
+                self._cache.ran(s.schedule_id, run.run_id)
+            if run.run_id in plan.note_on:
+                continue  # marked in progress on the schedule's next fire timer instead
             # Stamped with the batch's start: a finish reported for this run is stamped with
             # the same enqueue time (echoed by the worker), so neither clock nor arrival order
             # decides whether the schedule sees it in progress.
             rows.append(schedules.mark_active(s.schedule_id, run.run_id, now))
-            if self._cache is not None:
-                self._cache.ran(s.schedule_id, run.run_id)
         # A schedule's other cells go with its run's rows when it has one in the batch: its
         # partition's rows stay one write.
         first_run: dict[str, int] = {}

@@ -108,11 +108,12 @@ class Lifecycle:
             updated = replace(updated, next_fire_time=None)
         else:
             fired = await svc.fired_so_far(updated) if updated.spec.max_runs else 0
+            running = await svc.in_progress(s, now)
             # Minted again just before its timer is written: a dispatcher that finds the timer
             # before the compare-and-set lands waits for it only so long after the mint
             # (scheduler.firing.change_in_flight), and the reads above can be slow.
             updated = replace(updated, generation=new_generation())
-            first = svc.first_fire(updated, now, fired=fired)
+            first = svc.first_fire(updated, now, fired=fired, running=running)
             # A schedule with upstreams fires after their successes even without times of its own.
             if first is None and not updated.after:
                 why = (

@@ -340,6 +340,10 @@ class Schedule:
     quarantine_time: datetime | None = None
     # A run held back by BUFFER_ONE until the running one finishes.
     buffered: BufferedRun | None = None
+    # Runs in progress known from elsewhere than the overlap cells, already checked against
+    # their run rows: the run of a slot is marked in progress on its schedule's next fire timer
+    # (``FireTimer.running``), not on this row, when its end can be noted on that timer.
+    running: tuple[str, ...] = ()
 
     @classmethod
     def from_row(cls, row: Any) -> Schedule:
@@ -377,16 +381,20 @@ class Schedule:
     def in_progress(
         self, now: datetime, *, stale_after: timedelta, besides: Collection[str] = ()
     ) -> list[str]:
-        """Run ids still in progress: the run enqueued last, unless it finished or showed no
-        sign of life within ``stale_after`` (its worker vanished).
+        """Run ids still in progress: the run the row marks enqueued last, unless it finished
+        or showed no sign of life within ``stale_after`` (its worker vanished), and those of
+        ``running``.
 
         ``besides`` are the runs being decided: a slot fired again (a batch retried after a
         partial failure) finds its own earlier attempt here, and that is not another run.
         """
+        found = [r for r in self.running if r not in besides]
         rid = self.active_run
         if not rid or rid == self.done_run or rid in besides or self.active_seen is None:
-            return []
-        return [rid] if now - self.active_seen < stale_after else []
+            return found
+        if now - self.active_seen >= stale_after or rid in found:
+            return found
+        return [rid, *found]
 
 
 @dataclass(frozen=True, kw_only=True)

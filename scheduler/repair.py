@@ -120,6 +120,7 @@ class RepairSweep:
     async def _rearm(self, s: Schedule) -> None:
         now = self._clock()
         fired = await self._svc.fired_so_far(s) if s.spec.max_runs else 0
+        running = tuple(await self._svc.in_progress(s, now))
         missed = slots_between(s, now - LOOKBACK, now, _LOOKBACK_SLOTS)
         if missed:
             last = missed[-1]
@@ -131,9 +132,10 @@ class RepairSweep:
                 fired=fired,
                 tenant=s.tenant,
                 first=True,
+                running=running,
             )
         else:
-            timer = self._svc.first_fire(s, now, fired=fired)
+            timer = self._svc.first_fire(s, now, fired=fired, running=running)
         if timer is None:
             return
         await self._timers.put([timer.to_timer(self._timers.shard_count)], now=now)

@@ -171,6 +171,6 @@ class ScheduleCache:
 def _static(s: Schedule) -> Schedule:
     """``s`` without what changes at every firing (the overlap cells): the cache keeps the run
     in progress itself, and a cached schedule is only used with nothing in progress."""
-    if not (s.active_run or s.done_run or s.active_seen or s.buffered):
+    if not (s.active_run or s.done_run or s.active_seen or s.buffered or s.running):
         return s
-    return replace(s, active_run="", done_run="", active_seen=None, buffered=None)
+    return replace(s, active_run="", done_run="", active_seen=None, buffered=None, running=())

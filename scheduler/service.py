@@ -103,19 +103,25 @@ class ScheduleService:
         return self._clock()
 
     async def in_progress(self, s: Schedule, now: datetime) -> list[str]:
-        """The schedule's runs in progress, as its overlap policy weighs them: the schedule
-        row's (``Schedule.in_progress``) less any that ended. A run fired at a slot notes its
-        end on the schedule's next fire timer, not on the schedule row (scheduler.reports), so
-        a run the row shows in progress is looked up (one read, on trigger and cancel only)."""
-        running = s.in_progress(now, stale_after=STALE_RUN)
-        if not running:
-            return running
-        ended = await self._runs.ended(running)
-        return [r for r in running if r not in ended]
+        """The schedule's runs in progress, as its overlap policy weighs them: those its run
+        rows show (``RunStore.running_of``: the run of a slot is marked in progress on the
+        schedule's next fire timer, not on its row; decision 0013), and the schedule row's
+        (``Schedule.in_progress``: a triggered or released run, not enqueued yet) less any
+        that ended. Reads the run rows: for trigger, cancel, update and resume only."""
+        rows = await self._runs.running_of(s.schedule_id, now=now, stale_after=STALE_RUN)
+        marked = [r for r in s.in_progress(now, stale_after=STALE_RUN) if r not in rows]
+        if marked:
+            ended = await self._runs.ended(marked)
+            marked = [r for r in marked if r not in ended]
+        return [*rows, *marked]
 
-    def first_fire(self, s: Schedule, now: datetime, *, fired: int = 0) -> FireTimer | None:
+    def first_fire(
+        self, s: Schedule, now: datetime, *, fired: int = 0, running: Sequence[str] = ()
+    ) -> FireTimer | None:
         """The schedule's pending timer for its first slot after ``now`` (the dispatcher's
-        own rule: bounds and jitter applied), or None if it never fires again."""
+        own rule: bounds and jitter applied), or None if it never fires again. ``running``:
+        the schedule's runs in progress (``in_progress``), which the superseded chain's timer
+        carried (decision 0013)."""
         try:
             nxt = next_slot(s, now)
         except InvalidArgument as e:
@@ -130,6 +136,7 @@ class ScheduleService:
             fired=fired,
             tenant=s.tenant,
             first=True,
+            running=tuple(running),
         )
 
     async def create_many(
@@ -313,7 +320,8 @@ class ScheduleService:
         )
         # Minted again just before the timers are written (as in Lifecycle.update).
         resumed = replace(resumed, generation=new_generation())
-        first = self.first_fire(resumed, now, fired=fired + len(catch_up))
+        running = await self.in_progress(s, now)
+        first = self.first_fire(resumed, now, fired=fired + len(catch_up), running=running)
         timers = [
             RunTimer(
                 schedule_id=s.schedule_id,

@@ -12,7 +12,7 @@ costs a round trip of its own per run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from bucketer.cql import Write
@@ -141,6 +141,21 @@ class RunStore(Protocol):
     async def ended(self, run_ids: Sequence[str]) -> set[str]:
         """Which runs have ended (latest attempt over, or skipped): one read each, for the few
         runs a schedule row shows in progress while their end was noted on a fire timer."""
+        ...
+
+    async def still_running(
+        self, run_ids: Sequence[str], *, now: datetime, stale_after: timedelta
+    ) -> set[str]:
+        """Which runs are still in progress by their run rows (not ended, a sign of life
+        within ``stale_after``; no row yet: within ``stale_after`` of the slot): one read each,
+        for the runs a fire timer carries when its slot cannot be decided from the cache."""
+        ...
+
+    async def running_of(
+        self, schedule_id: str, *, now: datetime, stale_after: timedelta
+    ) -> list[str]:
+        """The schedule's runs in progress by its recent run rows (backfills left out): for
+        API calls that weigh them, never for a firing."""
         ...
 
     async def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:

@@ -64,6 +64,12 @@ class FireTimer:
     # read the old timer; the scanner hands a position once, so the change's timer was never
     # handed, the old one was dropped as superseded, and the schedule stopped until a repair.
     first: bool = False
+    # The schedule's runs in progress when this timer was written, marked here instead of on
+    # the schedule row (decision 0013): the run fired at the previous slot, or the ones still in
+    # progress when that slot was skipped for them; for a change's first timer, those the API
+    # found in progress. Weighed by the overlap policy when the slot cannot be decided from the
+    # dispatcher's cache, after a look at their run rows.
+    running: tuple[str, ...] = ()
 
     @property
     def held_by_quota(self) -> bool:
@@ -92,6 +98,8 @@ class FireTimer:
                 micros(self.lease.fire_at),
                 self.lease.stamp,
             ]
+        if self.running:
+            doc["rn"] = list(self.running)
         fire_at = self.scheduled_for + timedelta(milliseconds=self.deferred_ms)
         timer_id = first_timer_id(self.schedule_id, self.generation) if self.first else None
         return _timer(
@@ -123,6 +131,7 @@ class FireTimer:
             tenant=str(doc.get("t", "")),
             lease=lease,
             first=timer.timer_id != timer.key,
+            running=tuple(str(r) for r in doc.get("rn", ())),
         )
 
 

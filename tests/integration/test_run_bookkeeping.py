@@ -4,6 +4,7 @@ worker clock decides, and no tombstones on a schedule row touched at every firin
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -308,3 +309,36 @@ async def test_a_started_asking_check_done_is_answered_and_not_recorded_when_don
     )
     started = await runs.get(fresh.run_id)
     assert (started.status, started.worker_id) == (RunStatus.RUNNING, "w2")
+
+
+async def test_runs_in_progress_by_their_rows(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """Decision 0013: which runs a fire timer carries are still in progress, and which runs of
+    a schedule the API finds in progress, from the run rows alone."""
+    schedules, runs = stores
+    s = await _schedule(schedules, f"life-{new_generation()}")
+    now = datetime.now(UTC).replace(microsecond=0)
+    started = _enqueued(s, now - timedelta(minutes=10))
+    ended = _enqueued(s, now - timedelta(minutes=5))
+    stale = _enqueued(s, now - timedelta(minutes=4))
+    fresh = _enqueued(s, now - timedelta(seconds=30))
+    backfill = replace(fresh, run_id=fresh.run_id + "~bf", backfill_id="bf1")
+    await runs.write(runs.insert_rows([started, ended, stale, fresh, backfill]))
+    await runs.record_events(
+        [
+            _event(started, RunStatus.RUNNING, now - timedelta(minutes=10)),
+            _event(started, None, now - timedelta(seconds=20)),  # a heartbeat
+            _event(ended, RunStatus.SUCCEEDED, now - timedelta(minutes=4)),
+        ],
+        now=now,
+    )
+    unwritten = run_id_for(s.schedule_id, now - timedelta(seconds=2))
+    long_unwritten = run_id_for(s.schedule_id, now - timedelta(seconds=30))
+    asked = [started, ended, stale, fresh]
+    alive = await runs.still_running(
+        [*(r.run_id for r in asked), unwritten, long_unwritten], now=now, stale_after=STALE_RUN
+    )
+    assert alive == {started.run_id, fresh.run_id, unwritten}
+    found = await runs.running_of(s.schedule_id, now=now, stale_after=STALE_RUN)
+    assert found == [fresh.run_id, started.run_id]

@@ -232,23 +232,101 @@ async def test_an_ended_run_whose_note_the_timer_missed_is_found_by_its_run_row(
     assert fired.status is RunStatus.ENQUEUED
 
 
-async def test_an_end_reported_too_close_to_the_next_slot_goes_on_the_schedule_row(
+async def test_an_end_reported_too_close_to_the_next_slot_is_found_from_the_run_row(
     rig: Rig,
 ) -> None:
+    """Too late to note on the next timer: nothing goes on the schedule row either (the run
+    was never marked there); the next slot reads the run row, finds it ended, and fires."""
     s, first = await _every_minute(rig)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     soon = datetime.now(UTC) + DONE_NOTE_LEAD - timedelta(seconds=1)
     await _report(rig, s, slot, RunStatus.SUCCEEDED, soon)
-    assert (await rig.stores.schedules.get(s.schedule_id)).done_run == run_id_for(
-        s.schedule_id, slot
+    row = await rig.stores.schedules.get(s.schedule_id)
+    assert (row.active_run, row.done_run) == ("", "")
+    timer = _next_timer(rig, s.schedule_id, slot)
+    assert timer.done_run == ""
+    await rig.firing.on_due([timer])
+    fired = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + MINUTE))
+    assert fired.status is RunStatus.ENQUEUED
+
+
+async def test_a_slot_s_run_is_marked_in_progress_on_its_next_timer_not_the_schedule_row(
+    rig: Rig,
+) -> None:
+    """Decision 0013: no overlap cell is written for the run of a slot whose end can be noted
+    on the next fire timer; that timer names it instead."""
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    await rig.firing.on_due([first])
+    row = await rig.stores.schedules.get(s.schedule_id)
+    assert (row.active_run, row.active_seen) == ("", None)
+    nxt = FireTimer.from_timer(_next_timer(rig, s.schedule_id, slot))
+    assert nxt.running == (run_id_for(s.schedule_id, slot),)
+
+
+async def test_a_slot_skipped_for_a_run_carries_it_on_to_the_slot_after(rig: Rig) -> None:
+    """A run outlasting two slots: the first slot after it is skipped and its timer hands
+    the run on; once the run ends (too late to note on any timer), the slot after fires."""
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    run_id = run_id_for(s.schedule_id, slot)
+    await rig.firing.on_due([first])
+    await _report(rig, s, slot, RunStatus.RUNNING, slot + MINUTE)
+    await rig.firing.on_due([_next_timer(rig, s.schedule_id, slot)])
+    skipped = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + MINUTE))
+    assert skipped.skip_reason == "overlap"
+    third = _next_timer(rig, s.schedule_id, slot + MINUTE)
+    assert FireTimer.from_timer(third).running == (run_id,)
+    # A dispatcher with nothing cached (the shard changed owner) still skips while it runs.
+    rig.cache.forget(s.schedule_id)
+    await rig.firing.on_due([third])
+    again = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + 2 * MINUTE))
+    assert again.skip_reason == "overlap"
+    fourth = _next_timer(rig, s.schedule_id, slot + 2 * MINUTE)
+    await _report(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
+    await rig.firing.on_due([fourth])
+    fired = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + 3 * MINUTE))
+    assert fired.status is RunStatus.ENQUEUED
+
+
+async def test_an_update_hands_the_run_in_progress_to_its_first_timer(rig: Rig) -> None:
+    """The run in progress rode on the superseded chain's timer: the change's first timer
+    names it too, so the new spec's first slot still skips for it."""
+    svc = ScheduleService(schedules=rig.schedules, runs=rig.stores.runs, timers=rig.stores.timers)
+    s, first = await _every_minute(rig)
+    slot = FireTimer.from_timer(first).slot
+    run_id = run_id_for(s.schedule_id, slot)
+    await rig.firing.on_due([first])
+    await _report(rig, s, slot, RunStatus.RUNNING, slot + MINUTE)
+    current = await svc.get(s.schedule_id)
+    updated = await Lifecycle(svc).update(
+        replace(current, spec=ScheduleSpec(kind=SpecKind.CRON, cron="30 * * * * *")),
+        schedule_id=s.schedule_id,
+        version=current.version,
     )
-    assert _next_timer(rig, s.schedule_id, slot).done_run == ""
+    (change,) = [
+        t
+        for t in (
+            Timer.from_row(r, shard=r.shard)
+            for r in rig.stores.session.execute(
+                f"SELECT * FROM {rig.keyspace}.timers WHERE key = %s ALLOW FILTERING",
+                (s.schedule_id,),
+            )
+        )
+        if t.kind == FIRE and FireTimer.from_timer(t).generation == updated.generation
+    ]
+    assert FireTimer.from_timer(change).running == (run_id,)
+    await rig.firing.on_due([change])
+    at = FireTimer.from_timer(change).scheduled_for
+    skipped = await rig.stores.runs.get(run_id_for(s.schedule_id, at))
+    assert (skipped.status, skipped.skip_reason) == (RunStatus.SKIPPED, "overlap")
 
 
 async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: Rig) -> None:
-    """The schedule row still names the run fired at the slot (its end went on the next fire
-    timer): a manual trigger under SKIP looks the run up and runs; while it runs, it skips."""
+    """The run fired at the slot is marked on the next fire timer, not the schedule row: a
+    manual trigger under SKIP finds it from the run rows; while it runs, it skips; once it
+    ended, it runs."""
     svc = ScheduleService(schedules=rig.schedules, runs=rig.stores.runs, timers=rig.stores.timers)
     s, first = await _every_minute(rig)
     slot = FireTimer.from_timer(first).slot
@@ -261,7 +339,7 @@ async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: Rig) -> N
 
     await _report(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
     row = await svc.get(s.schedule_id)
-    assert row.active_run == run_id_for(s.schedule_id, slot) and row.done_run == ""
+    assert (row.active_run, row.done_run) == ("", "")
     assert await svc.in_progress(row, datetime.now(UTC)) == []
     triggered = await Lifecycle(svc).trigger(s.schedule_id, force=False)
     assert triggered.status is RunStatus.ENQUEUED and triggered.manual

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -333,3 +334,56 @@ def test_several_runs_of_one_slot_or_none_carry_no_lease() -> None:
     plan_fire(busy, _timer(T0), T0, skipped, 8, misfire_threshold=THRESHOLD, lease_at=LEASE_AT)
     assert skipped.enqueue == [] and skipped.carried == set()
     assert FireTimer.from_timer(skipped.next_timers[0]).lease is None
+
+
+def _next(plan: FiringPlan) -> FireTimer:
+    (timer,) = plan.next_timers
+    return FireTimer.from_timer(timer)
+
+
+def test_a_single_run_whose_end_can_go_on_the_next_timer_is_marked_there() -> None:
+    """Decision 0013: the next fire timer names the run; no overlap cell is planned."""
+    now = T0 + timedelta(milliseconds=200)
+    plan = _plan(_schedule(), _timer(T0), now)
+    ((_s, run),) = plan.enqueue
+    assert plan.note_on == {run.run_id: T0 + timedelta(minutes=1)}
+    assert _next(plan).running == (run.run_id,)
+
+
+def test_a_run_whose_next_slot_is_too_near_is_marked_on_the_schedule_row() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = _schedule(cron="*/5 * * * * *")
+    plan = _plan(s, _timer(T0), now)
+    assert plan.note_on == {} and _next(plan).running == ()
+
+
+def test_a_slot_skipped_for_runs_the_timer_carried_hands_them_on() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = replace(_schedule(), running=("s1@prev",))
+    plan = _plan(s, _timer(T0), now)
+    assert [r.skip_reason for r in plan.skipped] == ["overlap"]
+    assert _next(plan).running == ("s1@prev",)
+
+
+def test_cancel_previous_cancels_a_run_the_timer_carried() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = replace(
+        _schedule(policies=SchedulePolicies(overlap=OverlapMode.CANCEL_PREVIOUS)),
+        running=("s1@prev",),
+    )
+    plan = _plan(s, _timer(T0), now)
+    ((_s, run),) = plan.enqueue
+    assert plan.cancel == ["s1@prev"] and _next(plan).running == (run.run_id,)
+
+
+def test_runs_in_progress_join_the_row_s_and_the_timer_s() -> None:
+    now = T0 + timedelta(milliseconds=200)
+    s = replace(_schedule(active=("s1@manual", now)), running=("s1@prev", "s1@manual"))
+    assert s.in_progress(now, stale_after=STALE_RUN) == ["s1@prev", "s1@manual"]
+    assert s.in_progress(now, stale_after=STALE_RUN, besides={"s1@prev"}) == ["s1@manual"]
+
+
+def test_a_fire_timer_keeps_the_runs_it_carries() -> None:
+    f = replace(_timer(T0), running=("s1@a", "s1@b"))
+    assert FireTimer.from_timer(f.to_timer(8)).running == ("s1@a", "s1@b")
+    assert FireTimer.from_timer(_timer(T0).to_timer(8)).running == ()
