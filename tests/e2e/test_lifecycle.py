@@ -156,6 +156,9 @@ def test_update_replaces_the_pending_timer_so_the_old_spec_never_fires(stack: St
 def test_trigger_runs_now_with_a_fresh_manual_run_id(stack: Stack) -> None:
     s = _create(stack, handler="e2e.record")
     first = _trigger(stack, s.id)
+    # Under SKIP (the default) a triggered run still queued is in progress: the next trigger
+    # waits for it to finish (decision 0013: the API weighs the run rows).
+    _wait_status(stack, first.run_id, {SUCCEEDED}, 10)
     second = _trigger(stack, s.id)
     assert first.status == ENQUEUED and first.manual
     assert first.run_id.startswith(f"{s.id}@") and "~" in first.run_id
