@@ -666,18 +666,12 @@ class CassandraRunStore:
         runs a fire timer carries as its schedule's runs in progress (``FireTimer.running``)
         when the dispatcher cannot decide the slot from its cache, never for every firing."""
 
-        async def one(run_id: str) -> str | None:
-            ref = parse_run_id(run_id)
-            rows = await aexecute(
-                self.session,
-                self.q["get_run_life"],
-                (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
-            )
-            alive = run_alive(first(rows), ref.scheduled_for, now, stale_after)
-            return run_id if alive else None
-
-        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
-        return {r for r in found if r is not None}
+        rows = await self._rows("get_run_life", run_ids)
+        return {
+            r
+            for r, row in rows.items()
+            if run_alive(row, parse_run_id(r).scheduled_for, now, stale_after)
+        }
 
     async def running_of(
         self, schedule_id: str, *, now: datetime, stale_after: timedelta
@@ -712,18 +706,23 @@ class CassandraRunStore:
         """The run ids whose row, read with ``query`` (one read each, concurrently), exists
         and satisfies ``holds``."""
 
-        async def one(run_id: str) -> str | None:
+        rows = await self._rows(query, run_ids)
+        return {r for r, row in rows.items() if row is not None and holds(row)}
+
+    async def _rows(self, query: str, run_ids: Sequence[str]) -> dict[str, Any | None]:
+        """Each run's row read with ``query`` (one read each, concurrently); None if absent."""
+
+        async def one(run_id: str) -> Any | None:
             ref = parse_run_id(run_id)
             rows = await aexecute(
                 self.session,
                 self.q[query],
                 (ref.schedule_id, day_of(ref.scheduled_for), ref.scheduled_for, run_id),
             )
-            row = first(rows)
-            return run_id if row is not None and holds(row) else None
+            return first(rows)
 
-        found = await asyncio.gather(*(one(r) for r in dict.fromkeys(run_ids)))
-        return {r for r in found if r is not None}
+        ids = list(dict.fromkeys(run_ids))
+        return dict(zip(ids, await asyncio.gather(*(one(r) for r in ids)), strict=True))
 
     async def clear_buffered(self, schedule_id: str, buffered_json: str) -> bool:
         """Takes the held-back run off the schedule, once (concurrent API replicas race)."""

@@ -120,7 +120,7 @@ class RepairSweep:
     async def _rearm(self, s: Schedule) -> None:
         now = self._clock()
         fired = await self._svc.fired_so_far(s) if s.spec.max_runs else 0
-        running = tuple(await self._svc.in_progress(s, now))
+        running = tuple(await self._svc.carried_on(s, now))
         missed = slots_between(s, now - LOOKBACK, now, _LOOKBACK_SLOTS)
         if missed:
             last = missed[-1]

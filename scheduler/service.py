@@ -29,6 +29,7 @@ from scheduler.errors import (
 from scheduler.model import (
     STALE_RUN,
     MisfireMode,
+    OverlapMode,
     Run,
     RunStatus,
     Schedule,
@@ -114,6 +115,13 @@ class ScheduleService:
             ended = await self._runs.ended(marked)
             marked = [r for r in marked if r not in ended]
         return [*rows, *marked]
+
+    async def carried_on(self, s: Schedule, now: datetime) -> list[str]:
+        """The runs in progress a change's first fire timer carries (decision 0013): none
+        under ALLOW, which never weighs them, so its changes read no run rows."""
+        if s.policies.overlap is OverlapMode.ALLOW:
+            return []
+        return await self.in_progress(s, now)
 
     def first_fire(
         self, s: Schedule, now: datetime, *, fired: int = 0, running: Sequence[str] = ()
@@ -320,7 +328,7 @@ class ScheduleService:
         )
         # Minted again just before the timers are written (as in Lifecycle.update).
         resumed = replace(resumed, generation=new_generation())
-        running = await self.in_progress(s, now)
+        running = await self.carried_on(s, now)
         first = self.first_fire(resumed, now, fired=fired + len(catch_up), running=running)
         timers = [
             RunTimer(
