@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -28,7 +28,7 @@ from scheduler.model import (
     SpecKind,
 )
 from scheduler.timespec import GapPolicy, OverlapPolicy
-from worker.timestamps import from_timestamp
+from worker.timestamps import from_timestamp, set_timestamp
 
 _STATE = {
     ScheduleState.ACTIVE: schedule_pb2.SCHEDULE_STATE_ACTIVE,
@@ -250,14 +250,14 @@ def spec_to_proto(spec: ScheduleSpec) -> schedule_pb2.ScheduleSpec:
     elif spec.kind is SpecKind.INTERVAL:
         assert spec.every is not None and spec.anchor is not None
         out.interval.every.FromTimedelta(spec.every)
-        out.interval.anchor.FromDatetime(spec.anchor.astimezone(UTC))
+        set_timestamp(out.interval.anchor, spec.anchor)
     elif spec.kind is SpecKind.ONCE:
         assert spec.at is not None
-        out.once.at.FromDatetime(spec.at.astimezone(UTC))
+        set_timestamp(out.once.at, spec.at)
     if spec.start_time is not None:
-        out.start_time.FromDatetime(spec.start_time.astimezone(UTC))
+        set_timestamp(out.start_time, spec.start_time)
     if spec.end_time is not None:
-        out.end_time.FromDatetime(spec.end_time.astimezone(UTC))
+        set_timestamp(out.end_time, spec.end_time)
     out.max_runs = spec.max_runs
     if spec.jitter:
         out.jitter.FromTimedelta(spec.jitter)
@@ -268,7 +268,7 @@ def ts(t: datetime | None) -> Timestamp | None:
     if t is None:
         return None
     out = Timestamp()
-    out.FromDatetime(t.astimezone(UTC))
+    set_timestamp(out, t)
     return out
 
 
@@ -287,8 +287,12 @@ def duration(d: timedelta | None) -> Duration | None:
     return out
 
 
-def schedule_from_proto(msg: schedule_pb2.Schedule, *, now: datetime) -> Schedule:
-    """A draft schedule from a CreateSchedule request; server-owned fields are ignored."""
+def schedule_from_proto(
+    msg: schedule_pb2.Schedule, *, now: datetime, tenant: str | None = None
+) -> Schedule:
+    """A draft schedule from a CreateSchedule request; server-owned fields are ignored.
+    ``tenant``: the tenant it is created for (``scope.tenant_for_create``) instead of the
+    request's own field."""
     kind = msg.spec.WhichOneof("kind")
     if kind is None and not msg.after:
         raise InvalidArgument(
@@ -303,7 +307,7 @@ def schedule_from_proto(msg: schedule_pb2.Schedule, *, now: datetime) -> Schedul
         raise InvalidArgument("schedule.max_runtime", "must be positive when set")
     return Schedule(
         schedule_id="",
-        tenant=msg.tenant or DEFAULT_TENANT,
+        tenant=tenant if tenant is not None else msg.tenant or DEFAULT_TENANT,
         name=msg.name,
         handler=msg.handler.strip(),
         spec=spec,

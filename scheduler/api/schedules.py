@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from datetime import UTC, datetime
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
@@ -60,8 +59,11 @@ class SchedulerServicer(
     ) -> schedule_pb2.Schedule:
         if not request.HasField("schedule"):
             raise InvalidArgument("schedule", "is required")
-        draft = schedule_from_proto(request.schedule, now=datetime.now(UTC))
-        draft = replace(draft, tenant=tenant_for_create(request.schedule.tenant))
+        draft = schedule_from_proto(
+            request.schedule,
+            now=datetime.now(UTC),
+            tenant=tenant_for_create(request.schedule.tenant),
+        )
         await self._quotas.check_payload(draft.tenant, draft.payload, "schedule.payload")
         await self._quotas.check_room(draft.tenant)
         started = _ms(datetime.now(UTC))
@@ -85,9 +87,8 @@ class SchedulerServicer(
                 draft = InvalidArgument("schedule", "is required")
             else:
                 try:
-                    draft = schedule_from_proto(item.schedule, now=now)
                     tenant = tenant_for_create(item.schedule.tenant, f"items[{i}].schedule.tenant")
-                    draft = replace(draft, tenant=tenant)
+                    draft = schedule_from_proto(item.schedule, now=now, tenant=tenant)
                 except (InvalidArgument, PermissionDenied) as e:
                     draft = e
             items.append((draft, item.schedule_id))

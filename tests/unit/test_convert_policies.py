@@ -101,6 +101,40 @@ def test_everything_round_trips() -> None:
     assert SchedulePolicies.from_json(s.policies.to_json()) == s.policies
 
 
+def test_the_tenant_given_overrides_the_requests_own() -> None:
+    msg = _cron_msg()
+    msg.tenant = "asked-for"
+    assert schedule_from_proto(msg, now=NOW).tenant == "asked-for"
+    assert schedule_from_proto(msg, now=NOW, tenant="resolved").tenant == "resolved"
+    msg.tenant = ""
+    assert schedule_from_proto(msg, now=NOW).tenant == "default"
+
+
+def test_times_cross_the_edge_to_the_microsecond() -> None:
+    at = datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    s = replace(schedule_from_proto(_cron_msg(), now=NOW), schedule_id="x", create_time=at)
+    out = schedule_to_proto(s)
+    assert out.create_time == _ts(at)
+    assert (out.create_time.seconds, out.create_time.nanos) == (int(at.timestamp()), 123456000)
+
+
+def test_evolve_is_replace() -> None:
+    s = schedule_from_proto(_cron_msg(), now=NOW)
+    changes: dict[str, Any] = {
+        "schedule_id": "x",
+        "tenant": "t",
+        "generation": 7,
+        "create_time": NOW,
+        "after": frozenset({"up"}),
+    }
+    evolved = s.evolve(**changes)
+    assert evolved == replace(s, **changes)
+    assert type(evolved) is Schedule and evolved is not s
+    assert s.schedule_id == "" and s.tenant == "default"  # the original is left alone
+    with pytest.raises(TypeError, match="no field"):
+        s.evolve(schedule="x")
+
+
 def test_unspecified_takes_the_defaults() -> None:
     s = schedule_from_proto(_cron_msg(), now=NOW)
     assert s.spec.dst_gap is None and s.spec.dst_overlap is None  # the expression's default
