@@ -354,7 +354,7 @@ class Schedule:
         unknown = changes.keys() - _SCHEDULE_FIELDS
         if unknown:
             raise TypeError(f"Schedule has no field(s) {', '.join(sorted(unknown))}")
-        out = object.__new__(Schedule)
+        out = object.__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.__dict__.update(changes)
         return out
