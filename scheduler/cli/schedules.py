@@ -11,7 +11,9 @@ import asyncio
 import getpass
 import sys
 import time
+from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -47,11 +49,33 @@ IMPORT_BATCH = 500
 IMPORT_IN_FLIGHT = 4
 
 
-def _import_items(path: str) -> list[api.CreateScheduleRequest]:
-    """One CreateScheduleRequest per line of a JSON-lines file, in the proto JSON mapping:
-    ``{"schedule_id": "...", "schedule": {"name": ..., "handler": ..., "spec": {...}}}``.
-    A line that does not parse stops the import before anything is sent, naming the line."""
-    items = []
+@dataclass(frozen=True)
+class _ImportBatch:
+    """One BatchCreateSchedules call's items, kept serialized until sent (a parsed request
+    costs ~1.5 KiB of memory, its wire form ~80 bytes: a file of 10,000,000 lines would take
+    ~15 GiB parsed), and the file line of each item."""
+
+    request: bytes
+    lines: array[int]
+
+
+def _import_batches(path: str) -> tuple[list[_ImportBatch], int]:
+    """The file's requests in batches of ``IMPORT_BATCH``, and how many: one
+    CreateScheduleRequest per line, in the proto JSON mapping
+    (``{"schedule_id": "...", "schedule": {"name": ..., "handler": ..., "spec": {...}}}``),
+    blank lines skipped. A line that does not parse stops the import before anything is sent,
+    naming the line."""
+    batches: list[_ImportBatch] = []
+    items: list[api.CreateScheduleRequest] = []
+    lines = array("L")
+    total = 0
+
+    def close() -> None:
+        nonlocal items, lines
+        request = api.BatchCreateSchedulesRequest(items=items).SerializeToString()
+        batches.append(_ImportBatch(request, lines))
+        items, lines = [], array("L")
+
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -60,15 +84,20 @@ def _import_items(path: str) -> list[api.CreateScheduleRequest]:
                 items.append(json_format.Parse(line, api.CreateScheduleRequest()))
             except json_format.ParseError as e:
                 raise SystemExit(f"error: {path}:{number}: {e}") from None
-    return items
+            lines.append(number)
+            total += 1
+            if len(items) == IMPORT_BATCH:
+                close()
+    if items:
+        close()
+    return batches, total
 
 
 async def import_file(args: argparse.Namespace) -> int:
     """``schedule import FILE.jsonl``: BatchCreateSchedules, batches of 500, 4 in flight, with
     progress on stderr; refused lines are listed (line number, field, problem) and the exit
     status is 1 if any was refused."""
-    items = _import_items(args.file)
-    total = len(items)
+    batches, total = _import_batches(args.file)
     done = created = existed = 0
     refused: list[str] = []
     started = time.monotonic()
@@ -86,29 +115,24 @@ async def import_file(args: argparse.Namespace) -> int:
 
     async with scheduler_stub(args.api) as stub:
 
-        async def send(first: int, chunk: list[api.CreateScheduleRequest]) -> None:
+        async def send(batch: _ImportBatch) -> None:
             nonlocal done, created, existed
             async with sem:
                 response = await stub.BatchCreateSchedules(
-                    api.BatchCreateSchedulesRequest(items=chunk), timeout=args.timeout
+                    api.BatchCreateSchedulesRequest.FromString(batch.request),
+                    timeout=args.timeout,
                 )
-            for offset, result in enumerate(response.results):
+            for line, result in zip(batch.lines, response.results, strict=True):
                 if result.error_code:
-                    line = first + offset + 1
                     refused.append(f"line {line}: {result.error_code}: {result.error}")
                 elif result.already_existed:
                     existed += 1
                 else:
                     created += 1
-            done += len(chunk)
+            done += len(batch.lines)
             progress()
 
-        await asyncio.gather(
-            *(
-                send(start, items[start : start + IMPORT_BATCH])
-                for start in range(0, total, IMPORT_BATCH)
-            )
-        )
+        await asyncio.gather(*(send(batch) for batch in batches))
     progress(final=True)
     seconds = time.monotonic() - started
     summary = {

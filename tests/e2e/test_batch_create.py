@@ -74,10 +74,11 @@ def test_cli_import_reports_progress_and_refused_lines(stack: Stack, tmp_path: P
         "schedule": {"name": "n", "handler": "", "spec": {"cron": {"expression": "0 0 * * *"}}}
     }
     path = tmp_path / "schedules.jsonl"
-    path.write_text(json.dumps(good) + "\n" + json.dumps(refused) + "\n")
+    # A blank line is skipped; refused lines are named by their line in the file.
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(refused) + "\n")
     out = stack.cli("schedule", "import", str(path))
     assert out.returncode == 1, out
-    assert "line 2: INVALID_ARGUMENT: items[1].schedule.handler: is required" in out.stderr
+    assert "line 3: INVALID_ARGUMENT: items[1].schedule.handler: is required" in out.stderr
     assert "1 created, 0 already existed, 1 refused" in out.stdout
     assert get_schedule(stack, f"imported-{tag}").name == "n"
 
@@ -89,3 +90,13 @@ def test_cli_import_reports_progress_and_refused_lines(stack: Stack, tmp_path: P
     path.write_text("{not json\n")
     out = stack.cli("schedule", "import", str(path))
     assert out.returncode != 0 and f"{path}:1:" in out.stderr
+
+    # A line that does not parse stops the import before any line is sent, even the good
+    # lines of earlier batches.
+    lines = [dict(good, schedule_id=f"unsent-{tag}-{i}") for i in range(600)]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"schedule": 1}\n')
+    out = stack.cli("schedule", "import", str(path))
+    assert out.returncode != 0 and f"{path}:601:" in out.stderr, out
+    with pytest.raises(grpc.RpcError) as e:
+        get_schedule(stack, f"unsent-{tag}-0")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
