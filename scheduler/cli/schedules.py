@@ -11,17 +11,15 @@ import asyncio
 import getpass
 import sys
 import time
-from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from cronscale.v1 import scheduler_service_pb2 as api
 from scheduler.cli.build import MISFIRES, CreateArgs, build_create_request
 from scheduler.cli.client import scheduler_stub
+from scheduler.cli.import_file import ImportBatch, ImportFileError, read_import_file
 from scheduler.cli.output import (
     dumps,
     format_run,
@@ -45,59 +43,17 @@ async def create(args: argparse.Namespace) -> int:
     return 0
 
 
-IMPORT_BATCH = 500
 IMPORT_IN_FLIGHT = 4
 
 
-@dataclass(frozen=True)
-class _ImportBatch:
-    """One BatchCreateSchedules call's items, kept serialized until sent (a parsed request
-    costs ~1.5 KiB of memory, its wire form ~80 bytes: a file of 10,000,000 lines would take
-    ~15 GiB parsed), and the file line of each item."""
-
-    request: bytes
-    lines: array[int]
-
-
-def _import_batches(path: str) -> tuple[list[_ImportBatch], int]:
-    """The file's requests in batches of ``IMPORT_BATCH``, and how many: one
-    CreateScheduleRequest per line, in the proto JSON mapping
-    (``{"schedule_id": "...", "schedule": {"name": ..., "handler": ..., "spec": {...}}}``),
-    blank lines skipped. A line that does not parse stops the import before anything is sent,
-    naming the line."""
-    batches: list[_ImportBatch] = []
-    items: list[api.CreateScheduleRequest] = []
-    lines = array("L")
-    total = 0
-
-    def close() -> None:
-        nonlocal items, lines
-        request = api.BatchCreateSchedulesRequest(items=items).SerializeToString()
-        batches.append(_ImportBatch(request, lines))
-        items, lines = [], array("L")
-
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                items.append(json_format.Parse(line, api.CreateScheduleRequest()))
-            except json_format.ParseError as e:
-                raise SystemExit(f"error: {path}:{number}: {e}") from None
-            lines.append(number)
-            total += 1
-            if len(items) == IMPORT_BATCH:
-                close()
-    if items:
-        close()
-    return batches, total
-
-
 async def import_file(args: argparse.Namespace) -> int:
-    """``schedule import FILE.jsonl``: BatchCreateSchedules, batches of 500, 4 in flight, with
-    progress on stderr; refused lines are listed (line number, field, problem) and the exit
-    status is 1 if any was refused."""
-    batches, total = _import_batches(args.file)
+    """``schedule import FILE.jsonl``: the whole file read first (``cli/import_file.py``), then
+    BatchCreateSchedules, batches of 500, 4 in flight, with progress on stderr; refused lines
+    are listed (line number, field, problem) and the exit status is 1 if any was refused."""
+    try:
+        batches, total = read_import_file(args.file)
+    except ImportFileError as e:
+        raise SystemExit(f"error: {e}") from None
     done = created = existed = 0
     refused: list[str] = []
     started = time.monotonic()
@@ -115,7 +71,7 @@ async def import_file(args: argparse.Namespace) -> int:
 
     async with scheduler_stub(args.api) as stub:
 
-        async def send(batch: _ImportBatch) -> None:
+        async def send(batch: ImportBatch) -> None:
             nonlocal done, created, existed
             async with sem:
                 response = await stub.BatchCreateSchedules(
