@@ -2,7 +2,7 @@
 sent, the work split over the machine's cores for a large file, each batch kept serialized.
 
 A parsed ``CreateScheduleRequest`` costs ~1.5 KiB of memory and its wire form ~80 bytes, so a
-file of 10,000,000 lines would take ~15 GiB parsed; batches kept serialized take ~1 GiB. The
+file of 10,000,000 lines would take ~15 GiB parsed; batches kept serialized ~1.5 GiB. The
 parse (``json_format.Parse``, ~30 µs a line) is the command's own cost, and it has to finish
 before the first call: a large file is cut into byte ranges at line boundaries, one per core,
 each parsed by a process of its own.
