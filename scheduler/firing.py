@@ -33,7 +33,6 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from bucketer.cql import TRANSIENT_STORAGE_ERRORS, Write
 from bucketer.model import Timer, micros
-from cronscale.v1 import run_message_pb2
 from scheduler import metrics
 from scheduler.backfill import TICK as BACKFILL_TICK
 from scheduler.backfill import BackfillDriver
@@ -47,7 +46,7 @@ from scheduler.fairness import (
     Throttle,
     Unlimited,
 )
-from scheduler.kafka import RUN_MESSAGE_SCHEMA_VERSION
+from scheduler.kafka import Keyed, run_message
 from scheduler.model import (
     DONE_NOTE_LEAD,
     MISFIRE_THRESHOLD,
@@ -93,7 +92,6 @@ from scheduler.timers import (
     LeaseTimer,
     RunTimer,
 )
-from worker.timestamps import set_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +140,7 @@ class Release(NamedTuple):
     """An enqueued run's message and its own rows, produced and written together at ``at``."""
 
     at: datetime
-    message: run_message_pb2.RunMessage
+    message: Keyed
     rows: list[Write]
 
 
@@ -898,7 +896,7 @@ class Firing:
             tier = plan.limits.get(s.tenant, UNLIMITED).tier
             lease = None if r.run_id in plan.carried else lease_at
             at = r.scheduled_for + r.deferred if r.deferred else r.scheduled_for
-            message = self._message(s, r, lease, plan.note_on.get(r.run_id))
+            message = run_message(s, r, lease_at=lease, next_fire=plan.note_on.get(r.run_id))
             if not self._fire_ahead:
                 items.extend(rows)  # everything in one write, with the produce
             by_topic.setdefault(self._topic(tier), []).append(
@@ -954,35 +952,3 @@ class Firing:
             await asyncio.gather(self._queue.enqueue(topic, messages), self._runs.write(rows))
         else:
             await self._queue.enqueue(topic, messages)
-
-    def _message(
-        self, s: Schedule, run: Run, lease_at: datetime | None, next_fire: datetime | None
-    ) -> run_message_pb2.RunMessage:
-        """The run's message; ``lease_at`` is set when a lease timer of its own waits for its
-        outcome (the API settles it), None when its lease is carried; ``next_fire`` when the
-        API is to note the run's end on the schedule's next fire timer, due then."""
-        m = run_message_pb2.RunMessage(
-            schema_version=RUN_MESSAGE_SCHEMA_VERSION,
-            run_id=run.run_id,
-            schedule_id=s.schedule_id,
-            tenant=s.tenant,
-            handler=s.handler,
-            payload=s.payload,
-            attempt=run.attempt,
-            manual=run.manual,
-            follow_up=(
-                run_message_pb2.FOLLOW_UP_REQUIRED
-                if s.downstream or s.policies.overlap is OverlapMode.BUFFER_ONE
-                else run_message_pb2.FOLLOW_UP_NONE
-            ),
-        )
-        set_timestamp(m.scheduled_for, run.scheduled_for)
-        assert run.enqueue_time is not None
-        set_timestamp(m.enqueue_time, run.enqueue_time)
-        if lease_at is not None:
-            set_timestamp(m.lease_expire_time, lease_at)
-        if next_fire is not None:
-            set_timestamp(m.next_fire_time, next_fire)
-        if s.max_runtime:
-            m.max_runtime.FromTimedelta(s.max_runtime)
-        return m

@@ -1,4 +1,5 @@
-"""The run queue's Kafka backend: produce run messages to a tier's topic, in batches."""
+"""The run queue's Kafka backend: the run message a worker receives (``run_message``), and
+producing run messages to a tier's topic, in batches."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
@@ -13,8 +15,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.metadata import MetadataRequest
 
+from cronscale.v1 import run_message_pb2
 from scheduler.errors import Unavailable
+from scheduler.model import OverlapMode, Run, Schedule
 from worker.kafka_security import KafkaSecurity
+from worker.timestamps import set_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +37,43 @@ class Keyed(Protocol):
     @property
     def schedule_id(self) -> str: ...
     def SerializeToString(self, *, deterministic: bool = ...) -> bytes: ...
+
+
+def run_message(
+    s: Schedule, run: Run, *, lease_at: datetime | None, next_fire: datetime | None
+) -> run_message_pb2.RunMessage:
+    """The message that hands ``run`` of ``s`` to a worker (decoded by ``worker.messages``).
+
+    ``lease_at`` is set when a lease timer of the run's own waits for its outcome (the API
+    settles it), None when its lease is carried by the schedule's next fire timer;
+    ``next_fire`` when the API is to note the run's end on that timer, due then (decision
+    0013). The run must have its enqueue time: the worker echoes it in its reports."""
+    if run.enqueue_time is None:
+        raise ValueError(f"run {run.run_id} has no enqueue time; only enqueued runs are sent")
+    m = run_message_pb2.RunMessage(
+        schema_version=RUN_MESSAGE_SCHEMA_VERSION,
+        run_id=run.run_id,
+        schedule_id=s.schedule_id,
+        tenant=s.tenant,
+        handler=s.handler,
+        payload=s.payload,
+        attempt=run.attempt,
+        manual=run.manual,
+        follow_up=(
+            run_message_pb2.FOLLOW_UP_REQUIRED
+            if s.downstream or s.policies.overlap is OverlapMode.BUFFER_ONE
+            else run_message_pb2.FOLLOW_UP_NONE
+        ),
+    )
+    set_timestamp(m.scheduled_for, run.scheduled_for)
+    set_timestamp(m.enqueue_time, run.enqueue_time)
+    if lease_at is not None:
+        set_timestamp(m.lease_expire_time, lease_at)
+    if next_fire is not None:
+        set_timestamp(m.next_fire_time, next_fire)
+    if s.max_runtime:
+        m.max_runtime.FromTimedelta(s.max_runtime)
+    return m
 
 
 class KafkaRunQueue:
