@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cassandra.cluster import Session
 
@@ -128,11 +128,21 @@ class CassandraTimerStore:
             fire = max(t.fire_time, now)
             ttl = int((fire - now + TIMER_RETENTION).total_seconds())
             bucket = minute_bucket(fire)
-            row = (bucket, t.shard, fire, t.timer_id, t.kind, t.key, t.data, _ttl(ttl))
+            row: dict[str, Any] = {
+                "minute_bucket": bucket,
+                "shard": t.shard,
+                "fire_time": fire,
+                "timer_id": t.timer_id,
+                "kind": t.kind,
+                "key": t.key,
+                "data": t.data,
+                "ttl": _ttl(ttl),
+            }
             if t.stamp is None:
                 items.append(Write((bucket, t.shard), self._q["put_timer"], row))
             else:
-                items.append(Write((bucket, t.shard), self._q["put_timer_at"], (*row, t.stamp)))
+                row["ts"] = t.stamp
+                items.append(Write((bucket, t.shard), self._q["put_timer_at"], row))
         return items
 
     def done_rows(self, notes: Iterable[tuple[Timer, str]], *, now: datetime) -> list[Write]:
@@ -148,7 +158,14 @@ class CassandraTimerStore:
                 Write(
                     (bucket, t.shard),
                     self._q["mark_timer_done"],
-                    (_ttl(ttl), run_id, bucket, t.shard, t.fire_time, t.timer_id),
+                    {
+                        "ttl": _ttl(ttl),
+                        "done_run": run_id,
+                        "minute_bucket": bucket,
+                        "shard": t.shard,
+                        "fire_time": t.fire_time,
+                        "timer_id": t.timer_id,
+                    },
                 )
             )
         return items
@@ -168,7 +185,15 @@ class CassandraTimerStore:
                 Write(
                     (bucket, t.shard),
                     self._q["settle_timer"],
-                    (bucket, t.shard, t.fire_time, t.timer_id, t.key, _ttl(ttl), t.stamp + 1),
+                    {
+                        "minute_bucket": bucket,
+                        "shard": t.shard,
+                        "fire_time": t.fire_time,
+                        "timer_id": t.timer_id,
+                        "key": t.key,
+                        "ttl": _ttl(ttl),
+                        "ts": t.stamp + 1,
+                    },
                 )
             )
         return items

@@ -92,6 +92,16 @@ def _set(value: object) -> object:
     return UNSET_VALUE if value is None else value
 
 
+def _run_key(schedule_id: str, day: int, scheduled_for: datetime, run_id: str) -> dict[str, Any]:
+    """A run row's primary key, as the named markers of the run statements bind it."""
+    return {
+        "schedule_id": schedule_id,
+        "day": day,
+        "scheduled_for": scheduled_for,
+        "run_id": run_id,
+    }
+
+
 def run_alive(row: Any, scheduled_for: datetime, now: datetime, stale_after: timedelta) -> bool:
     """Whether a run is in progress by its run row (None: not written): not ended, and a
     sign of life (its slot, enqueue, start or last heartbeat) within ``stale_after``. A run
@@ -136,25 +146,25 @@ class CassandraScheduleStore:
         )
 
     @staticmethod
-    def _row(s: Schedule) -> tuple[Any, ...]:
+    def _row(s: Schedule) -> dict[str, Any]:
         """An insert's values; absent ones unset (a bound null would be a tombstone cell)."""
-        return (
-            s.schedule_id,
-            s.tenant,
-            s.name,
-            s.handler,
-            s.spec.to_json(),
-            s.payload,
-            s.state.value,
-            s.version,
-            s.generation,
-            _set(s.create_time),
-            _set(s.update_time),
-            int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else UNSET_VALUE,
-            _set(s.next_fire_time),
-            s.policies.to_json(),
-            set(s.after) or UNSET_VALUE,
-        )
+        return {
+            "schedule_id": s.schedule_id,
+            "tenant": s.tenant,
+            "name": s.name,
+            "handler": s.handler,
+            "spec": s.spec.to_json(),
+            "payload": s.payload,
+            "state": s.state.value,
+            "version": s.version,
+            "generation": s.generation,
+            "create_time": _set(s.create_time),
+            "update_time": _set(s.update_time),
+            "max_runtime_ms": s.max_runtime // _MS if s.max_runtime else UNSET_VALUE,
+            "next_fire_time": _set(s.next_fire_time),
+            "policies": s.policies.to_json(),
+            "after": set(s.after) or UNSET_VALUE,
+        }
 
     async def get(self, schedule_id: str) -> Schedule:
         rows = await aexecute(self._session, self.q["get_schedule"], (schedule_id,))
@@ -264,18 +274,18 @@ class CassandraScheduleStore:
         applied, _ = await execute_conditional(
             self._session,
             self.q["set_state"],
-            (
-                state.value,
-                current.version + 1,
-                generation,
-                now,
-                pause_note or None,
-                paused_by or None,
-                pause_time,
-                next_fire_time,
-                current.schedule_id,
-                current.version,
-            ),
+            {
+                "state": state.value,
+                "version": current.version + 1,
+                "generation": generation,
+                "update_time": now,
+                "pause_note": pause_note or None,
+                "paused_by": paused_by or None,
+                "pause_time": pause_time,
+                "next_fire_time": next_fire_time,
+                "schedule_id": current.schedule_id,
+                "expected_version": current.version,
+            },
         )
         return applied
 
@@ -288,22 +298,22 @@ class CassandraScheduleStore:
         applied, current = await execute_conditional(
             self._session,
             self.q["update_schedule"],
-            (
-                s.name,
-                s.handler,
-                s.spec.to_json(),
-                s.payload,
-                int(s.max_runtime.total_seconds() * 1000) if s.max_runtime else None,
-                s.policies.to_json(),
-                set(s.after) or None,
-                s.state.value,
-                s.version,
-                s.generation,
-                s.update_time,
-                s.next_fire_time,
-                s.schedule_id,
-                expected_version,
-            ),
+            {
+                "name": s.name,
+                "handler": s.handler,
+                "spec": s.spec.to_json(),
+                "payload": s.payload,
+                "max_runtime_ms": s.max_runtime // _MS if s.max_runtime else None,
+                "policies": s.policies.to_json(),
+                "after": set(s.after) or None,
+                "state": s.state.value,
+                "version": s.version,
+                "generation": s.generation,
+                "update_time": s.update_time,
+                "next_fire_time": s.next_fire_time,
+                "schedule_id": s.schedule_id,
+                "expected_version": expected_version,
+            },
         )
         version = current.get("version")
         return applied, int(version) if version is not None else None
@@ -425,26 +435,26 @@ class CassandraRunStore:
                 Write(
                     (r.schedule_id, day),
                     self.q["insert_run"],
-                    (
-                        r.schedule_id,
-                        day,
-                        r.scheduled_for,
-                        r.run_id,
-                        r.status.value,
-                        r.attempt,
-                        r.handler,
-                        r.tenant,
-                        r.manual,
-                        _set(r.enqueue_time),
-                        r.skip_reason or UNSET_VALUE,
-                        r.error or UNSET_VALUE,
-                        r.origin_run_id or UNSET_VALUE,
-                        r.backfill_id or UNSET_VALUE,
+                    {
+                        "schedule_id": r.schedule_id,
+                        "day": day,
+                        "scheduled_for": r.scheduled_for,
+                        "run_id": r.run_id,
+                        "status": r.status.value,
+                        "attempt": r.attempt,
+                        "handler": r.handler,
+                        "tenant": r.tenant,
+                        "manual": r.manual,
+                        "enqueue_time": _set(r.enqueue_time),
+                        "skip_reason": r.skip_reason or UNSET_VALUE,
+                        "error": r.error or UNSET_VALUE,
+                        "origin_run_id": r.origin_run_id or UNSET_VALUE,
+                        "backfill_id": r.backfill_id or UNSET_VALUE,
                         # A retry's row no longer waits for it.
-                        None if r.attempt > 1 else UNSET_VALUE,
-                        _set(r.deferred // _MS if r.deferred else None),
-                        run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
-                    ),
+                        "next_attempt_time": None if r.attempt > 1 else UNSET_VALUE,
+                        "deferred_ms": _set(r.deferred // _MS if r.deferred else None),
+                        "ts": run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
+                    },
                 )
             )
         return items
@@ -493,15 +503,15 @@ class CassandraRunStore:
             Write(
                 (e.run_id,),
                 self.q["insert_attempt"],
-                (
-                    e.run_id,
-                    e.attempt,
-                    e.status.value if e.status else None,
-                    e.error[:MAX_ERROR_CHARS],
-                    e.start_time,
-                    e.event_time,
-                    e.worker_id,
-                ),
+                {
+                    "run_id": e.run_id,
+                    "attempt": e.attempt,
+                    "status": e.status.value if e.status else None,
+                    "error": e.error[:MAX_ERROR_CHARS],
+                    "start_time": e.start_time,
+                    "finish_time": e.event_time,
+                    "worker_id": e.worker_id,
+                },
             )
             for e in failed
         ]
@@ -567,15 +577,15 @@ class CassandraRunStore:
                     Write(
                         (e.schedule_id, day),
                         self.q["run_started"],
-                        (
-                            run_cell_time(e.scheduled_for, e.attempt, _RUNNING_RANK),
-                            e.status.value,
-                            e.event_time,
-                            e.event_time,
-                            e.worker_id,
-                            e.attempt,
-                            *where,
-                        ),
+                        {
+                            "ts": run_cell_time(e.scheduled_for, e.attempt, _RUNNING_RANK),
+                            "status": e.status.value,
+                            "start_time": e.event_time,
+                            "heartbeat_time": e.event_time,
+                            "worker_id": e.worker_id,
+                            "attempt": e.attempt,
+                            **_run_key(*where),
+                        },
                     )
                 )
             else:
@@ -594,10 +604,7 @@ class CassandraRunStore:
                                 "error": error,
                                 "worker_id": e.worker_id,
                                 "attempt": e.attempt,
-                                "schedule_id": e.schedule_id,
-                                "day": day,
-                                "scheduled_for": e.scheduled_for,
-                                "run_id": e.run_id,
+                                **_run_key(*where),
                             },
                         )
                     )
@@ -606,7 +613,14 @@ class CassandraRunStore:
                         Write(
                             (e.schedule_id, day),
                             self.q["run_finished"],
-                            (ts, e.status.value, e.event_time, error, e.worker_id, *where),
+                            {
+                                "ts": ts,
+                                "status": e.status.value,
+                                "finish_time": e.event_time,
+                                "error": error,
+                                "worker_id": e.worker_id,
+                                **_run_key(*where),
+                            },
                         )
                     )
                 # A run whose message names its schedule's next fire timer was marked in
