@@ -34,6 +34,7 @@ from scheduler.model import (
     ScheduleState,
     day_of,
     is_backfill_run,
+    millis,
     parse_run_id,
 )
 from scheduler.schedule_cache import ANNOUNCE_LIMIT
@@ -83,7 +84,6 @@ _RUNNING_RANK = 1
 _OUTCOME_RANK = 2
 _DEAD_LETTER_RANK = 3
 _ATTEMPT_STRIDE = 4
-_MS = timedelta(milliseconds=1)
 
 
 def _set(value: object) -> object:
@@ -160,7 +160,7 @@ class CassandraScheduleStore:
             "generation": s.generation,
             "create_time": _set(s.create_time),
             "update_time": _set(s.update_time),
-            "max_runtime_ms": s.max_runtime // _MS if s.max_runtime else UNSET_VALUE,
+            "max_runtime_ms": millis(s.max_runtime) if s.max_runtime else UNSET_VALUE,
             "next_fire_time": _set(s.next_fire_time),
             "policies": s.policies.to_json(),
             "after": set(s.after) or UNSET_VALUE,
@@ -303,7 +303,7 @@ class CassandraScheduleStore:
                 "handler": s.handler,
                 "spec": s.spec.to_json(),
                 "payload": s.payload,
-                "max_runtime_ms": s.max_runtime // _MS if s.max_runtime else None,
+                "max_runtime_ms": millis(s.max_runtime) if s.max_runtime else None,
                 "policies": s.policies.to_json(),
                 "after": set(s.after) or None,
                 "state": s.state.value,
@@ -452,7 +452,7 @@ class CassandraRunStore:
                         "backfill_id": r.backfill_id or UNSET_VALUE,
                         # A retry's row no longer waits for it.
                         "next_attempt_time": None if r.attempt > 1 else UNSET_VALUE,
-                        "deferred_ms": _set(r.deferred // _MS if r.deferred else None),
+                        "deferred_ms": _set(millis(r.deferred) if r.deferred else None),
                         "ts": run_cell_time(r.scheduled_for, r.attempt, _ENQUEUED_RANK),
                     },
                 )

@@ -59,8 +59,10 @@ from scheduler.model import (
     ScheduleState,
     SkipReason,
     generation_minted,
+    millis,
     parse_run_id,
     run_id_for,
+    to_millisecond,
 )
 from scheduler.overlap import OverlapAction, decide_overlap
 from scheduler.retries import (
@@ -95,7 +97,6 @@ from scheduler.timers import (
 
 logger = logging.getLogger(__name__)
 
-_MS = timedelta(milliseconds=1)
 # Fire-ahead: messages due within this of each other are produced together (at the last one's
 # time), so a batch of spread slots is a few produce calls, not one per slot. A batch of
 # BUSY_RELEASES or more (a busy dispatcher, as the scanner's busy round) is released in
@@ -333,7 +334,7 @@ async def _nothing() -> set[str]:
 def enqueue_instant(now: datetime) -> datetime:
     """A batch's enqueue time as runs record it: to the millisecond, as the API reads it back
     from the worker's echo (and as Cassandra keeps a timestamp)."""
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    return to_millisecond(now)
 
 
 def _dst_runs(s: Schedule, after: datetime, until: datetime) -> list[Run]:
@@ -580,7 +581,7 @@ class Firing:
             wait, capped = self._admit(s, plan, booked=f.deferred_ms > 0 and not f.capped)
             if wait:
                 at = now + timedelta(seconds=wait)
-                later = replace(f, deferred_ms=max(1, (at - f.scheduled_for) // _MS), capped=capped)
+                later = replace(f, deferred_ms=max(1, millis(at - f.scheduled_for)), capped=capped)
                 plan.next_timers.append(later.to_timer(self._timers.shard_count))
                 continue
             before = len(plan.enqueue)
@@ -609,7 +610,7 @@ class Firing:
                 put_off = replace(
                     r,
                     fire_at=at,
-                    deferred_ms=r.deferred_ms + max(1, (at - r.fire_at) // _MS),
+                    deferred_ms=r.deferred_ms + max(1, millis(at - r.fire_at)),
                     capped=capped,
                 )
                 plan.next_timers.append(put_off.to_timer(self._timers.shard_count))

@@ -33,6 +33,20 @@ DEFAULT_TENANT = "default"
 MAX_PAYLOAD_BYTES = 64 * 1024
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+_MS = timedelta(milliseconds=1)
+
+
+def millis(d: timedelta) -> int:
+    """A duration in whole milliseconds, exactly: integer arithmetic, as stored durations are
+    read back with ``timedelta(milliseconds=...)`` (``int(d.total_seconds() * 1000)`` stored
+    1.001 s as 1000 ms: the float product is 1000.9999999999999)."""
+    return d // _MS
+
+
+def to_millisecond(t: datetime) -> datetime:
+    """``t`` truncated to the millisecond, as Cassandra keeps a timestamp (and as run ids name
+    a slot): an instant compared with one read back must be cut the same way."""
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
 
 
 class ScheduleState(enum.StrEnum):
@@ -119,9 +133,9 @@ class RetryPolicy:
     def to_doc(self) -> dict[str, Any]:
         return {
             "max_attempts": self.max_attempts,
-            "initial_ms": int(self.initial_backoff.total_seconds() * 1000),
+            "initial_ms": millis(self.initial_backoff),
             "multiplier": self.multiplier,
-            "max_ms": int(self.max_backoff.total_seconds() * 1000),
+            "max_ms": millis(self.max_backoff),
             "jitter": self.jitter,
         }
 
@@ -154,7 +168,7 @@ class SchedulePolicies:
                 "v": SPEC_VERSION,
                 "overlap": self.overlap.value,
                 "misfire": self.misfire.value,
-                "catch_up_ms": int(self.catch_up_window.total_seconds() * 1000),
+                "catch_up_ms": millis(self.catch_up_window),
                 "max_catch_up": self.max_catch_up,
                 "retry": self.retry.to_doc(),
             },
@@ -262,12 +276,12 @@ class ScheduleSpec:
         if self.max_runs:
             doc["max_runs"] = self.max_runs
         if self.jitter:
-            doc["jitter_ms"] = int(self.jitter.total_seconds() * 1000)
+            doc["jitter_ms"] = millis(self.jitter)
         if self.kind is SpecKind.CRON:
             doc["cron"] = self.cron
         elif self.kind is SpecKind.INTERVAL:
             assert self.every is not None and self.anchor is not None
-            doc["every_ms"] = int(self.every.total_seconds() * 1000)
+            doc["every_ms"] = millis(self.every)
             doc["anchor"] = self.anchor.isoformat()
         elif self.kind is SpecKind.ONCE:
             assert self.at is not None

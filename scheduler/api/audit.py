@@ -30,6 +30,7 @@ from scheduler.api.tenants import key_to_proto, tenant_to_proto
 from scheduler.audit import NO_TENANT, AuditEntry, AuditQuery, CassandraAuditLog, audit_range
 from scheduler.cassandra_tenancy import CassandraTenantStore
 from scheduler.errors import CronscaleError, InvalidArgument
+from scheduler.model import to_millisecond
 from scheduler.service import ScheduleService
 from scheduler.tenancy import Role
 
@@ -254,8 +255,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _now() -> datetime:
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    return to_millisecond(datetime.now(UTC))
 
 
 def entry_to_proto(e: AuditEntry) -> audit_pb2.AuditEvent:

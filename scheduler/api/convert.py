@@ -26,6 +26,7 @@ from scheduler.model import (
     ScheduleSpec,
     ScheduleState,
     SpecKind,
+    to_millisecond,
 )
 from scheduler.timespec import GapPolicy, OverlapPolicy
 from worker.timestamps import from_timestamp, set_timestamp
@@ -275,8 +276,7 @@ def ts(t: datetime | None) -> Timestamp | None:
 def from_ts(t: Timestamp) -> datetime:
     """An instant from the wire, truncated to the millisecond: Cassandra keeps milliseconds,
     and run ids name the slot to the millisecond."""
-    dt = from_timestamp(t)
-    return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
+    return to_millisecond(from_timestamp(t))
 
 
 def duration(d: timedelta | None) -> Duration | None:

@@ -29,12 +29,8 @@ from scheduler.api.scope import (
 )
 from scheduler.api.status import Context, code_for, grpc_errors
 from scheduler.errors import CronscaleError, InvalidArgument, PermissionDenied
-from scheduler.model import Schedule, parse_run_id, validate_schedule_id
+from scheduler.model import Schedule, parse_run_id, to_millisecond, validate_schedule_id
 from scheduler.service import ScheduleService
-
-
-def _ms(t: datetime) -> datetime:
-    return t.replace(microsecond=t.microsecond // 1000 * 1000)
 
 
 def _id(value: str, field: str = "id") -> str:
@@ -66,7 +62,7 @@ class SchedulerServicer(
         )
         await self._quotas.check_payload(draft.tenant, draft.payload, "schedule.payload")
         await self._quotas.check_room(draft.tenant)
-        started = _ms(datetime.now(UTC))
+        started = to_millisecond(datetime.now(UTC))
         created = await self._svc.create(
             draft, schedule_id=request.schedule_id, request_id=request.request_id
         )

@@ -16,6 +16,7 @@ from scheduler.api.status import Context, grpc_errors
 from scheduler.cassandra_tenancy import NO_TENANT, CassandraTenantStore
 from scheduler.errors import InvalidArgument, NotFound, PermissionDenied
 from scheduler.fairness import DEFAULT_TIER
+from scheduler.model import to_millisecond
 from scheduler.tenancy import (
     MAX_KEY_NAME_CHARS,
     ApiKey,
@@ -77,8 +78,7 @@ Clock = Callable[[], datetime]
 
 
 def _now() -> datetime:
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)  # as Cassandra keeps it
+    return to_millisecond(datetime.now(UTC))
 
 
 class TenantServicer(tenant_grpc.TenantServiceServicer):

@@ -27,6 +27,8 @@ from scheduler.model import (
     SchedulePolicies,
     ScheduleSpec,
     SpecKind,
+    millis,
+    to_millisecond,
 )
 from scheduler.timespec import GapPolicy, OverlapPolicy
 from scheduler.validation import validate_schedule, validate_spec
@@ -361,3 +363,31 @@ def test_dry_run_validation_names_fields_under_spec() -> None:
             field="spec",
         )
     assert err.value.field == "spec.jitter"
+
+
+@pytest.mark.parametrize("ms", [1, 999, 1001, 1003, 4100, 60_001, 86_400_001])
+def test_stored_durations_keep_every_millisecond(ms: int) -> None:
+    # `int(d.total_seconds() * 1000)` stored 1.001 s as 1000 ms (741 of the first 100,000
+    # millisecond values came back one short).
+    d = timedelta(milliseconds=ms)
+    assert millis(d) == ms
+    spec = ScheduleSpec(
+        kind=SpecKind.INTERVAL,
+        every=d,
+        anchor=datetime(2026, 12, 5, tzinfo=UTC),
+        jitter=d,
+    )
+    again = ScheduleSpec.from_json(spec.to_json())
+    assert (again.every, again.jitter) == (d, d)
+    policies = SchedulePolicies(
+        catch_up_window=d, retry=RetryPolicy(initial_backoff=d, max_backoff=d)
+    )
+    back = SchedulePolicies.from_json(policies.to_json())
+    assert back.catch_up_window == d
+    assert (back.retry.initial_backoff, back.retry.max_backoff) == (d, d)
+
+
+def test_instants_are_cut_to_the_millisecond_as_cassandra_keeps_them() -> None:
+    t = datetime(2026, 12, 5, 14, 0, 0, 123_999, tzinfo=UTC)
+    assert to_millisecond(t) == datetime(2026, 12, 5, 14, 0, 0, 123_000, tzinfo=UTC)
+    assert to_millisecond(to_millisecond(t)) == to_millisecond(t)
