@@ -30,6 +30,7 @@ from scheduler.model import (
     new_generation,
     parse_run_id,
     run_id_for,
+    to_millisecond,
     validate_request_id,
 )
 from scheduler.overlap import OverlapAction, OverlapDecision, decide_overlap
@@ -209,9 +210,7 @@ class Lifecycle:
         svc = self._svc
         s = await svc.schedules.get(schedule_id)
         _require_not_cancelled(s, "a cancelled schedule cannot be triggered")
-        now = svc.now()
-        # Whole milliseconds, as the run id and the run row hold it.
-        now = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+        now = to_millisecond(svc.now())  # as the run id and the run row hold it
         run_id = run_id_for(s.schedule_id, now, manual=True)
         first = await self._first_result(f"trigger:{s.schedule_id}", request_id, run_id)
         if first is not None:

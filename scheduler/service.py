@@ -37,6 +37,7 @@ from scheduler.model import (
     SkipReason,
     new_generation,
     run_id_for,
+    to_millisecond,
     validate_request_id,
     validate_schedule_id,
 )
@@ -211,7 +212,7 @@ class ScheduleService:
         """A draft made a new schedule (id, state, times) and validated, with its first timer;
         InvalidArgument if it is invalid or never fires."""
         sid = validate_schedule_id(schedule_id) if schedule_id else str(uuid.uuid4())
-        stamp = now.replace(microsecond=now.microsecond - now.microsecond % 1000)  # as stored
+        stamp = to_millisecond(now)  # as stored
         # evolve, not replace: a batch create prepares up to 500 of these per call.
         s = draft.evolve(
             schedule_id=sid,
