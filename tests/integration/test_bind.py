@@ -60,6 +60,51 @@ def test_positional_values_bind_as_the_driver_binds_them(queries: tuple[Queries,
     assert ours.keyspace == theirs.keyspace
 
 
+def test_a_run_row_by_name_binds_as_by_position(queries: tuple[Queries, Queries]) -> None:
+    # The firing path writes run rows by name: the same bytes as the positional values above.
+    runs, _timers = queries
+    stmt = runs["insert_run"]
+    params = {
+        "schedule_id": "s1",
+        "day": 20426,
+        "scheduled_for": NOW,
+        "run_id": "s1@2026-12-04T12:00:00Z",
+        "status": "ENQUEUED",
+        "attempt": 1,
+        "handler": "echo",
+        "tenant": "acme",
+        "manual": False,
+        "enqueue_time": NOW,
+        "skip_reason": UNSET_VALUE,
+        "error": None,
+        "next_attempt_time": None,
+        "deferred_ms": 1500,
+        "ts": 1764849600000000,
+    }  # origin_run_id and backfill_id left out: unset
+    positional = (
+        "s1",
+        20426,
+        NOW,
+        "s1@2026-12-04T12:00:00Z",
+        "ENQUEUED",
+        1,
+        "echo",
+        "acme",
+        False,
+        NOW,
+        UNSET_VALUE,
+        None,
+        UNSET_VALUE,
+        UNSET_VALUE,
+        None,
+        1500,
+        1764849600000000,
+    )
+    ours = bind(stmt, params)
+    assert ours.values == bind(stmt, positional).values == stmt.bind(params).values
+    assert ours.routing_key == stmt.bind(positional).routing_key
+
+
 def test_named_values_and_missing_ones_bind_as_the_driver_binds_them(
     queries: tuple[Queries, Queries],
 ) -> None:
