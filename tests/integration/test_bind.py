@@ -18,6 +18,26 @@ from bucketer.cql import Queries, bind
 from scheduler.config import Config
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, 123000, tzinfo=UTC)
+# An ENQUEUED run row's values in insert_run's marker order.
+RUN_ROW = (
+    "s1",
+    20426,
+    NOW,
+    "s1@2026-12-04T12:00:00Z",
+    "ENQUEUED",
+    1,
+    "echo",
+    "acme",
+    False,
+    NOW,
+    UNSET_VALUE,
+    None,
+    UNSET_VALUE,
+    UNSET_VALUE,
+    None,
+    1500,
+    1764849600000000,
+)
 
 
 @pytest.fixture
@@ -35,25 +55,7 @@ def queries(session: Session, migrated: Config) -> Iterator[tuple[Queries, Queri
 def test_positional_values_bind_as_the_driver_binds_them(queries: tuple[Queries, Queries]) -> None:
     runs, _timers = queries
     stmt = runs["insert_run"]
-    values = (
-        "s1",
-        20426,
-        NOW,
-        "s1@2026-12-04T12:00:00Z",
-        "ENQUEUED",
-        1,
-        "echo",
-        "acme",
-        False,
-        NOW,
-        UNSET_VALUE,
-        None,
-        UNSET_VALUE,
-        UNSET_VALUE,
-        None,
-        1500,
-        1764849600000000,
-    )
+    values = RUN_ROW
     ours, theirs = bind(stmt, values), stmt.bind(values)
     assert ours.values == theirs.values
     assert ours.routing_key == theirs.routing_key
@@ -81,25 +83,7 @@ def test_a_run_row_by_name_binds_as_by_position(queries: tuple[Queries, Queries]
         "deferred_ms": 1500,
         "ts": 1764849600000000,
     }  # origin_run_id and backfill_id left out: unset
-    positional = (
-        "s1",
-        20426,
-        NOW,
-        "s1@2026-12-04T12:00:00Z",
-        "ENQUEUED",
-        1,
-        "echo",
-        "acme",
-        False,
-        NOW,
-        UNSET_VALUE,
-        None,
-        UNSET_VALUE,
-        UNSET_VALUE,
-        None,
-        1500,
-        1764849600000000,
-    )
+    positional = RUN_ROW
     ours = bind(stmt, params)
     assert ours.values == bind(stmt, positional).values == stmt.bind(params).values
     assert ours.routing_key == stmt.bind(positional).routing_key
