@@ -297,7 +297,8 @@ def plan_fire(
             run_id=run_id_for(s.schedule_id, to_fire[0].at),
             attempt=1,
             fire_at=lease_at,
-            stamp=micros(enqueue_instant(now)),
+            # The batch's enqueue instant, to the millisecond as the worker echoes it back.
+            stamp=micros(to_millisecond(now)),
         )
         plan.carried.add(lease.run_id)
     # The run marked in progress on the next fire timer rather than the schedule row (decision
@@ -329,12 +330,6 @@ def plan_fire(
 
 async def _nothing() -> set[str]:
     return set()
-
-
-def enqueue_instant(now: datetime) -> datetime:
-    """A batch's enqueue time as runs record it: to the millisecond, as the API reads it back
-    from the worker's echo (and as Cassandra keeps a timestamp)."""
-    return to_millisecond(now)
 
 
 def _dst_runs(s: Schedule, after: datetime, until: datetime) -> list[Run]:
@@ -641,7 +636,7 @@ class Firing:
     def _lease_at(self, now: datetime) -> datetime:
         """When the lease of an attempt enqueued by a batch started ``now`` comes due: the same
         instant whether a lease timer or the next fire timer carries it."""
-        return enqueue_instant(now) + self._start_lease
+        return to_millisecond(now) + self._start_lease
 
     async def _schedules_for(
         self, fires: list[FireTimer], fire_timers: list[Timer], runs: list[RunTimer]
@@ -872,7 +867,7 @@ class Firing:
         # when the outcome arrives, checked by a dispatcher only if it does not.
         # Both to the millisecond, as the API reads them back from the worker's echo (and as
         # Cassandra keeps the fire time): the API settles the very row written here.
-        enqueued_ms = enqueue_instant(now)
+        enqueued_ms = to_millisecond(now)
         lease_at = self._lease_at(now)
         stamp = micros(enqueued_ms)
         shards = self._timers.shard_count
