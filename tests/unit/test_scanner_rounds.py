@@ -130,3 +130,43 @@ def test_a_read_starts_no_earlier_than_grace_before_the_last_read_began() -> Non
     assert p.read_from(bucket, grace) == (NOW - grace, "")
     p.checkpoints[bucket] = (NOW, "x")  # a checkpoint later than that wins
     assert p.read_from(bucket, grace) == (NOW, "x")
+
+
+def test_a_herd_backlog_leaves_room_for_the_same_lanes_timers_on_time() -> None:
+    # A tenant's herd, due a minute ago and still draining, and that tenant's schedules of
+    # the current second: they go in the next round, not after the whole backlog.
+    herd_at = NOW - timedelta(seconds=60)
+    herd = [_timer(f"a-{i}", i % 4, herd_at, i) for i in range(20_000)]
+    fresh = [_timer(f"a-new{i}", i % 4, NOW - timedelta(milliseconds=300), i) for i in range(50)]
+    handed: list[list[Timer]] = []
+    scanner = _scanner(handed)
+    _fill(scanner, [*herd, *fresh])
+
+    due, waiting = scanner._due(NOW)
+    # A round as short as when lanes take turns (batch 100 x 2 in flight), not eight times it.
+    assert len(due) == 200 and waiting == 20_050 - 200
+    assert set(fresh) <= set(due)
+    # The rest of the round is the backlog's oldest.
+    backlog = sorted(herd, key=lambda t: t.position)[:150]
+    assert [t for t in due if t not in fresh] == backlog
+
+    asyncio.run(scanner.fire_due())
+    assert set(fresh) <= {t for batch in handed for t in batch}
+
+
+def test_on_time_timers_take_at_most_half_a_round_while_a_backlog_waits() -> None:
+    herd = [_timer(f"a-{i}", i % 4, NOW - timedelta(seconds=60), i) for i in range(1_000)]
+    fresh = [_timer(f"a-new{i}", i % 4, NOW, i) for i in range(1_000)]
+    scanner = _scanner([])
+    _fill(scanner, [*herd, *fresh])
+    due, _ = scanner._due(NOW)
+    assert len(due) == 200
+    assert sum(t in set(fresh) for t in due) == 100  # half on time, half the backlog's oldest
+
+
+def test_a_herd_alone_still_drains_in_large_rounds_once_late() -> None:
+    herd = [_timer(f"a-{i}", i % 4, NOW - timedelta(seconds=30), i) for i in range(5_000)]
+    scanner = _scanner([])
+    _fill(scanner, herd)
+    due, waiting = scanner._due(NOW)
+    assert len(due) == 1_600 and waiting == 3_400  # nothing on time behind it: 8x rounds
