@@ -7,19 +7,12 @@ backlog after an outage), the round is filled lane by lane: each cycle takes up 
 timer keys from every lane with timers waiting, oldest first within the lane, so a lane with
 100,000 timers due takes its turns beside a lane with 10 instead of ahead of it. Timers that
 share a key stay together and in order (two timers of one schedule never race each other).
-
-Within a lane, timers still on time (due at or after ``late_before``) and late ones (a backlog
-behind a herd) take turns too, the on-time first: a tenant's :00 herd of a million then delays
-its own schedules of other seconds by a round, not by the whole drain, and the backlog still
-takes at least every other turn (Quartz, likewise, handles misfired triggers apart from the
-on-time ones it acquires).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Protocol
 
 from bucketer.model import Timer
@@ -38,15 +31,11 @@ class Lanes(Protocol):
         ...
 
 
-def fair_order(
-    due: Sequence[Timer], lanes: Lanes, *, late_before: datetime | None = None
-) -> list[list[Timer]]:
+def fair_order(due: Sequence[Timer], lanes: Lanes) -> list[list[Timer]]:
     """``due`` (oldest first) as key groups in weighted round-robin order across lanes.
 
-    Each key group holds one key's timers in their original order; lanes take turns in the
-    order their first timer came. Within a lane groups keep the order of their first timer,
-    except that with ``late_before`` a lane holding both on-time groups (first timer due at or
-    after it) and late ones alternates between the two, on-time first.
+    Each key group holds one key's timers in their original order; within a lane groups keep
+    the order of their first timer, and lanes take turns in the order their first timer came.
     """
     groups: dict[str, list[Timer]] = {}
     for t in due:
@@ -55,44 +44,25 @@ def fair_order(
             groups[t.key] = [t]
         else:
             group.append(t)
-    queues: dict[str, _LaneQueue] = {}
+    queues: dict[str, deque[list[Timer]]] = {}
     for group in groups.values():
         lane = lanes.lane(group[0])
         queue = queues.get(lane)
         if queue is None:
-            queue = queues[lane] = _LaneQueue()
-        late = late_before is not None and group[0].fire_time < late_before
-        (queue.late if late else queue.on_time).append(group)
+            queues[lane] = deque([group])
+        else:
+            queue.append(group)
     weights = {lane: max(1, lanes.weight(lane)) for lane in queues}
     out: list[list[Timer]] = []
     while queues:
         for lane in list(queues):
             queue = queues[lane]
             for _ in range(weights[lane]):
-                out.append(queue.take())
+                out.append(queue.popleft())
                 if not queue:
                     del queues[lane]
                     break
     return out
-
-
-class _LaneQueue:
-    """A lane's key groups, on-time and late apart; ``take`` alternates between the two."""
-
-    __slots__ = ("_late_next", "late", "on_time")
-
-    def __init__(self) -> None:
-        self.on_time: deque[list[Timer]] = deque()
-        self.late: deque[list[Timer]] = deque()
-        self._late_next = False
-
-    def __bool__(self) -> bool:
-        return bool(self.on_time or self.late)
-
-    def take(self) -> list[Timer]:
-        late = (self._late_next and bool(self.late)) or not self.on_time
-        self._late_next = not late
-        return (self.late if late else self.on_time).popleft()
 
 
 def fill_batches(groups: Sequence[list[Timer]], size: int, limit: int) -> list[list[Timer]]:

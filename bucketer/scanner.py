@@ -23,7 +23,6 @@ only when something was handed, so a new owner resumes where this one provably g
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import heapq
 import itertools
@@ -72,10 +71,6 @@ def _position(t: Timer) -> Position:
 
 def _entry_position(entry: tuple[Timer, datetime | None]) -> Position:
     return (entry[0].fire_time, entry[0].timer_id)
-
-
-def _entry_fire_time(entry: tuple[Timer, datetime | None]) -> datetime:
-    return entry[0].fire_time
 
 
 def _transient_by_default(error: BaseException) -> bool:
@@ -162,7 +157,6 @@ class WheelScanner:
         may_fire: Callable[[int], bool] | None = None,
         lanes: Lanes | None = None,
         ahead: Mapping[str, timedelta] | None = None,
-        on_time: timedelta = timedelta(seconds=2),
     ) -> None:
         # How long before its fire time a timer of a kind is handed (the dispatcher's
         # fire-ahead); other kinds at their time. Within the lookahead, so it has been read.
@@ -195,9 +189,6 @@ class WheelScanner:
         # round-robin order across lanes (bucketer.lanes); the rest wait for the next round,
         # which starts at once and is ordered afresh with whatever fell due meanwhile.
         self._lanes = lanes
-        # Under a deep backlog, timers due within ``on_time`` of now are on time: they take
-        # turns with the backlog's oldest (bucketer.lanes), and the round stays short.
-        self._on_time = on_time
         self._backlog = False
         self._is_transient = is_transient or _transient_by_default
         self._strikes: dict[Position, int] = {}
@@ -439,10 +430,9 @@ class WheelScanner:
         transient error with nothing handed in the round (Cassandra or Kafka down) is raised:
         the round stops and the timers are tried again next tick.
         """
-        now = self._clock()
-        due, waiting = self._due(now)
+        due, waiting = self._due(self._clock())
         self._round_ok = set()
-        batches = self._batches(due, now - self._on_time) if due else []
+        batches = self._batches(due) if due else []
         # Due timers left for the next round (a round stops at its limit): no pause.
         self._backlog = sum(map(len, batches)) < len(due) + waiting
         if not due:
@@ -474,12 +464,6 @@ class WheelScanner:
         is pending stays, but it only sorts out which timers are due and their lanes; each
         shard's pending timers are in read order (oldest first), so a lane's oldest are a
         merge of its shards' heads.
-
-        A lane's round's worth is not only its oldest: its timers still on time (due within
-        ``on_time``, the tails of those lists) take up to half of it, and a round of a single
-        lane holding both is as short as when lanes take turns. Otherwise a herd's backlog
-        would hold the same tenant's schedules of later seconds for as long as it drains (a
-        1,000,000 herd: p99 17.7 s for the other seconds, one round of 32,000 timers).
         """
         # A kind handed ahead is due that much earlier.
         due_by = {kind: now + ahead for kind, ahead in self._ahead.items()}
@@ -519,36 +503,12 @@ class WheelScanner:
                         part = mine[lane] = []
                         by_lane.setdefault(lane, []).append(part)
                     part.append(x)
-            # Each lane's timers still on time are the tail of each of its shards' lists.
-            late_before = now - self._on_time
-            split = {
-                lane: [
-                    (own, bisect.bisect_left(own, late_before, key=_entry_fire_time))
-                    for own in shards
-                ]
-                for lane, shards in by_lane.items()
-            }
-            mixed = any(
-                any(cut for _, cut in cuts) and any(cut < len(own) for own, cut in cuts)
-                for cuts in split.values()
-            )
-            # A single lane's large rounds are for a herd alone; with timers on time behind
-            # its backlog, a round is as short as when lanes take turns.
-            cap = self._round_limit(2 if mixed else len(by_lane))
-            picked = []
-            for cuts in split.values():
-                late_parts = [own[:cut] for own, cut in cuts if cut]
-                on_time_parts = [own[cut:] for own, cut in cuts if cut < len(own)]
-                late_count = sum(map(len, late_parts))
-                on_time_count = sum(map(len, on_time_parts))
-                # On time takes up to half of the lane's share, more if the backlog is short.
-                on_time = min(on_time_count, max(cap // 2, cap - late_count))
-                picked.extend(
-                    itertools.islice(heapq.merge(*on_time_parts, key=_entry_position), on_time)
-                )
-                picked.extend(
-                    itertools.islice(heapq.merge(*late_parts, key=_entry_position), cap - on_time)
-                )
+            cap = self._round_limit(len(by_lane))
+            picked = [
+                x
+                for shards in by_lane.values()
+                for x in itertools.islice(heapq.merge(*shards, key=_entry_position), cap)
+            ]
         due = sorted((_marked(t, until) for t, until in picked), key=_position)
         return due, total - len(due)
 
@@ -559,11 +519,9 @@ class WheelScanner:
         while other due timers wait at most one such round."""
         return self._batch * self._in_flight * (1 if lanes > 1 else _SINGLE_LANE_ROUNDS)
 
-    def _batches(self, due: list[Timer], late_before: datetime) -> list[list[Timer]]:
+    def _batches(self, due: list[Timer]) -> list[list[Timer]]:
         """``due`` in batches of at most about ``batch``, each timer key's timers in one batch
-        (batches run concurrently; two timers of one schedule must not race each other).
-        Timers due before ``late_before`` are late: within a lane, they and the on-time ones
-        take turns (``fair_order``)."""
+        (batches run concurrently; two timers of one schedule must not race each other)."""
         n = -(-len(due) // self._batch)
         if n == 1:
             return [due]
@@ -571,11 +529,7 @@ class WheelScanner:
         if lanes is not None:
             count = len({lanes.lane(t) for t in due})
             if count > 1:
-                return fill_batches(
-                    fair_order(due, lanes, late_before=late_before),
-                    self._batch,
-                    self._round_limit(count),
-                )
+                return fill_batches(fair_order(due, lanes), self._batch, self._round_limit(count))
             # One lane (a single tenant's herd) has nobody to be fair to: no fair order, and
             # a round of ``_round_limit(1)`` (``_due`` passed no more).
         batches: list[list[Timer]] = [[] for _ in range(n)]

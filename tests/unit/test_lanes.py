@@ -77,27 +77,3 @@ def test_batches_keep_whole_groups_and_stop_at_the_round_limit() -> None:
     assert [[t.key for t in b] for b in batches] == [["x", "x", "k0", "k1"], ["k2", "k3", "k4"]]
     big = [[_timer("y", "A", i) for i in range(6)], [_timer("z", "A", 9)]]
     assert [len(b) for b in fill_batches(big, size=4, limit=100)] == [6, 1]
-
-
-def test_within_a_lane_on_time_and_late_take_turns_on_time_first() -> None:
-    late = [_timer(f"old{i}", "A", i) for i in range(5)]
-    on_time = [_timer(f"new{i}", "A", 1_000_000 + i) for i in range(2)]
-    late_before = T0 + timedelta(seconds=1)
-    order = [g[0].key for g in fair_order([*late, *on_time], _ByData(), late_before=late_before)]
-    assert order == ["new0", "old0", "new1", "old1", "old2", "old3", "old4"]
-    # Without the cut, oldest first as ever.
-    assert [g[0].key for g in fair_order([*late, *on_time], _ByData())] == [
-        *(f"old{i}" for i in range(5)),
-        "new0",
-        "new1",
-    ]
-
-
-def test_a_lane_with_a_backlog_still_takes_one_turn_per_cycle_beside_another_lane() -> None:
-    late_before = T0 + timedelta(seconds=1)
-    a = [_timer(f"a{i}", "A", i) for i in range(4)]  # A's backlog
-    a_now = [_timer("an", "A", 2_000_000)]  # and one of A's on time
-    b = [_timer(f"b{i}", "B", 2_000_001 + i) for i in range(3)]  # B, on time
-    order = [g[0].key for g in fair_order([*a, *a_now, *b], _ByData(), late_before=late_before)]
-    # A takes one key per turn (its on-time one first), B one: A's backlog gains no turns.
-    assert order == ["an", "b0", "a0", "b1", "a1", "b2", "a2", "a3"]
