@@ -33,6 +33,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,7 +47,7 @@ from bucketer.model import Timer
 from loadtest import figures
 from loadtest.figures import pct
 from loadtest.netns import SimulatedHost
-from loadtest.tally import ENV_DIR, read_tallies
+from loadtest.tally import ENV_DIR, Execution, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
 from scheduler.cassandra import CassandraScheduleStore
@@ -103,21 +104,33 @@ def herd_second(now: datetime, count: int) -> datetime:
     return at.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
+def queue_wait(e: Execution, scheduled: float) -> float | None:
+    """How long a run waited between its enqueue (its slot, if it was planned ahead of it)
+    and its handler's start: the run queue's part of its lag (Kafka, the worker); the rest is
+    the dispatcher's. None if the worker did not say when it was enqueued."""
+    return None if e.enqueued is None else e.started - max(e.enqueued, scheduled)
+
+
 def account_herd(
     herd: list[Schedule], tally_dir: Path, due: datetime
-) -> tuple[list[str], dict[str, int], list[float]]:
+) -> tuple[list[str], dict[str, int], list[float], list[float]]:
     """From the handlers' own record, the one-off herd due at ``due``: which slots never ran,
-    which ran more than once, and each one's start lag."""
+    which ran more than once, each one's start lag, and each one's wait after its enqueue."""
     expected = {run_id_for(s.schedule_id, due) for s in herd}
     counts: dict[str, int] = {}
     lags: list[float] = []
-    for run_id, _attempt, started in read_tallies(tally_dir):
-        if run_id in expected:
-            counts[run_id] = counts.get(run_id, 0) + 1
-            if counts[run_id] == 1:
-                lags.append(started - due.timestamp())
+    waits: list[float] = []
+    at = due.timestamp()
+    for e in read_tallies(tally_dir):
+        if e.run_id in expected:
+            counts[e.run_id] = counts.get(e.run_id, 0) + 1
+            if counts[e.run_id] == 1:
+                lags.append(e.started - at)
+                wait = queue_wait(e, at)
+                if wait is not None:
+                    waits.append(wait)
     lost = sorted(expected - counts.keys())
-    return lost, {r: n for r, n in counts.items() if n > 1}, lags
+    return lost, {r: n for r, n in counts.items() if n > 1}, lags, waits
 
 
 def herd_lines(
@@ -127,23 +140,37 @@ def herd_lines(
     twice: dict[str, int],
     lags: list[float],
     timeline: list[tuple[float, float]],
+    waits: Sequence[float] = (),
+    queued: Sequence[tuple[float, float]] = (),
 ) -> list[str]:
     """The report's lines on a one-off herd: how it drained, and the lag of the other slots
-    due while it drained."""
+    due while it drained; with ``waits`` (the herd's) and ``queued`` (the other slots'
+    (scheduled, wait)), how much of it was spent after the enqueue."""
     if at is None:
         return []
     drained = max(lags, default=math.nan)
     t0 = at.timestamp()
     beside = [lag for due, lag in timeline if t0 <= due <= t0 + drained]
+    beside_waits = [w for due, w in queued if t0 <= due <= t0 + drained]
     return [
         f"- **herd of {count:,} due at {at:%H:%M:%S}**: {count - len(lost):,} ran, "
         f"**{len(lost):,} lost**, **{len(twice):,} ran more than once**; start lag p50 "
         f"{pct(lags, 0.5):.2f} s, p99 {pct(lags, 0.99):.2f} s, the last {drained:.1f} s after "
-        f"the second ({count / drained if drained > 0 else math.nan:,.0f} herd firings/s)",
+        f"the second ({count / drained if drained > 0 else math.nan:,.0f} herd firings/s)"
+        + _after_enqueue(waits),
         f"- the {len(beside):,} other slots due while it drained: lag p50 "
         f"{pct(beside, 0.5):.2f} s, p99 {pct(beside, 0.99):.2f} s, max "
-        f"{max(beside, default=math.nan):.2f} s",
+        f"{max(beside, default=math.nan):.2f} s" + _after_enqueue(beside_waits),
     ]
+
+
+def _after_enqueue(waits: Sequence[float]) -> str:
+    if not waits:
+        return ""
+    return (
+        f"; of it after the enqueue (the run queue: Kafka and the worker) p50 "
+        f"{pct(waits, 0.5):.2f} s, p99 {pct(waits, 0.99):.2f} s"
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -321,11 +348,12 @@ async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list
 
 def account(
     schedules: list[Schedule], tally_dir: Path, lo: datetime, hi: datetime
-) -> tuple[int, list[str], dict[str, int], list[tuple[float, float]]]:
+) -> tuple[int, list[str], dict[str, int], list[tuple[float, float]], list[tuple[float, float]]]:
     """From the handlers' own record: the slots due in [lo, hi) (every schedule fires once a
     minute at its jitter offset), which of them never ran (lost), which ran more than once
-    (run id -> executions), and each run's scheduled time (epoch seconds) and start lag
-    (handler start - scheduled_for)."""
+    (run id -> executions), each run's scheduled time (epoch seconds) and start lag
+    (handler start - scheduled_for), and each run's scheduled time and wait after its enqueue
+    (``queue_wait``)."""
     expected: set[str] = set()
     first_minute = lo.replace(second=0, microsecond=0) - timedelta(minutes=1)
     minutes = int((hi - first_minute).total_seconds() // 60) + 1
@@ -337,16 +365,20 @@ def account(
                 expected.add(run_id_for(s.schedule_id, at))
     counts: dict[str, int] = {}
     timeline: list[tuple[float, float]] = []
-    for run_id, _attempt, started in read_tallies(tally_dir):
-        if run_id not in expected:
+    queued: list[tuple[float, float]] = []
+    for e in read_tallies(tally_dir):
+        if e.run_id not in expected:
             continue
-        counts[run_id] = counts.get(run_id, 0) + 1
-        if counts[run_id] == 1:
-            scheduled = parse_run_id(run_id).scheduled_for.timestamp()
-            timeline.append((scheduled, started - scheduled))
+        counts[e.run_id] = counts.get(e.run_id, 0) + 1
+        if counts[e.run_id] == 1:
+            scheduled = parse_run_id(e.run_id).scheduled_for.timestamp()
+            timeline.append((scheduled, e.started - scheduled))
+            wait = queue_wait(e, scheduled)
+            if wait is not None:
+                queued.append((scheduled, wait))
     lost = sorted(expected - counts.keys())
     doubled = {r: n for r, n in counts.items() if n > 1}
-    return len(expected), lost, doubled, timeline
+    return len(expected), lost, doubled, timeline, queued
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -609,15 +641,17 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         cache = {k: v - cache0[k] for k, v in cache_at_end.items()}
         # Let the window's last runs start (a backlog drains), then count from the handlers.
         deadline = time.monotonic() + args.drain
-        expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
-        herd_lost, herd_twice, herd_lags = (
-            account_herd(herd, tally_dir, herd_at) if herd_at else ([], {}, [])
+        expected, lost, doubled, timeline, queued = account(schedules, tally_dir, lo, hi)
+        herd_lost, herd_twice, herd_lags, herd_waits = (
+            account_herd(herd, tally_dir, herd_at) if herd_at else ([], {}, [], [])
         )
         while (lost or herd_lost) and time.monotonic() < deadline:
             time.sleep(2)
-            expected, lost, doubled, timeline = account(schedules, tally_dir, lo, hi)
+            expected, lost, doubled, timeline, queued = account(schedules, tally_dir, lo, hi)
             if herd_at:
-                herd_lost, herd_twice, herd_lags = account_herd(herd, tally_dir, herd_at)
+                herd_lost, herd_twice, herd_lags, herd_waits = account_herd(
+                    herd, tally_dir, herd_at
+                )
         disk = _keyspace_bytes(settings, config.keyspace) if args.stored else 0
     finally:
         for proc in procs.values():
@@ -650,6 +684,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     REPORTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     lags = [lag for _scheduled, lag in timeline]
+    waits = [wait for _scheduled, wait in queued]
     with (REPORTS / f"firing-{stamp}.csv").open("w", newline="") as f:
         csv.writer(f).writerows(
             [("scheduled_for", "start_lag_s"), *((round(t, 3), round(x, 4)) for t, x in timeline)]
@@ -673,6 +708,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         f"{statistics.fmean(lags) if lags else float('nan'):.3f} s",
         *(
             [
+                f"- of it, after the enqueue (the run queue: Kafka and the worker; the rest is "
+                f"the dispatcher's): p50 {pct(waits, 0.5):.3f} s, p99 {pct(waits, 0.99):.3f} s"
+            ]
+            if waits
+            else []
+        ),
+        *(
+            [
                 f"- {args.netns_pairs} more dispatcher + worker pair(s) on simulated hosts "
                 "(network namespaces over veth pairs); their relays took "
                 f"{relay_cpu:.1f} CPU s (not counted below)"
@@ -691,7 +734,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if lost_host is not None
             else []
         ),
-        *(herd_lines(herd_at, len(herd), herd_lost, herd_twice, herd_lags, timeline)),
+        *(
+            herd_lines(
+                herd_at, len(herd), herd_lost, herd_twice, herd_lags, timeline, herd_waits, queued
+            )
+        ),
         f"- registration (direct import): {reg_rate:,.0f} schedules/s",
         *(
             [
@@ -751,6 +798,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             "p99": pct(lags, 0.99),
             "max": max(lags, default=math.nan),
         },
+        "after_enqueue_s": {"p50": pct(waits, 0.5), "p99": pct(waits, 0.99)},
         "cpu_s": cpu,
         "cpu_ms_per_firing": per_firing,
         "cpu_ms_per_firing_total": sum(per_firing.values()),
@@ -772,6 +820,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 "p99": pct(herd_lags, 0.99),
                 "max": max(herd_lags, default=math.nan),
             },
+            "after_enqueue_s": {"p50": pct(herd_waits, 0.5), "p99": pct(herd_waits, 0.99)},
         },
     }
     json_path, png_path = figures.write(

@@ -77,7 +77,7 @@ def _follow_tallies(folder: Path, prefix: str) -> None:
                 offsets[path] = f.tell()
             for line in lines:
                 parts = line.split()
-                if len(parts) != 3 or not parts[0].startswith(prefix):
+                if len(parts) not in (3, 4) or not parts[0].startswith(prefix):
                     continue
                 lag = float(parts[2]) - parse_run_id(parts[0]).scheduled_for.timestamp()
                 events.request.fire(  # type: ignore[no-untyped-call]

@@ -2,8 +2,10 @@
 the handlers' side, not from the scheduler's own bookkeeping.
 
 ``cronscale worker --import loadtest.tally`` registers ``loadtest.tally``; each call appends
-``<run_id> <attempt> <start unix time>`` to ``$CRONSCALE_LOADTEST_TALLY/tally-<pid>.log``
-(line-buffered: a worker killed mid-run loses at most the line being written).
+``<run_id> <attempt> <start unix time> <enqueue unix time, or ->`` to
+``$CRONSCALE_LOADTEST_TALLY/tally-<pid>.log`` (line-buffered: a worker killed mid-run loses at
+most the line being written). The enqueue time (the dispatcher's, from the run message) splits
+a run's lag into the dispatcher's part and the run queue's (Kafka and the worker).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from worker.handlers import HandlerContext, handler
 
@@ -31,15 +33,28 @@ def _file() -> TextIO:
 
 @handler("loadtest.tally")
 async def tally(ctx: HandlerContext) -> None:
-    _file().write(f"{ctx.run_id} {ctx.attempt} {time.time():.6f}\n")
+    started = time.time()
+    enqueued = f"{ctx.enqueue_time.timestamp():.6f}" if ctx.enqueue_time else "-"
+    _file().write(f"{ctx.run_id} {ctx.attempt} {started:.6f} {enqueued}\n")
 
 
-def read_tallies(folder: Path) -> list[tuple[str, int, float]]:
-    """Every execution recorded under ``folder``: (run_id, attempt, start unix time)."""
-    out: list[tuple[str, int, float]] = []
+class Execution(NamedTuple):
+    """One line of a tally: a run's execution as its handler saw it (unix times)."""
+
+    run_id: str
+    attempt: int
+    started: float
+    enqueued: float | None
+
+
+def read_tallies(folder: Path) -> list[Execution]:
+    """Every execution recorded under ``folder`` (lines of three fields, from before the
+    enqueue time was written, have none)."""
+    out: list[Execution] = []
     for path in sorted(folder.glob("tally-*.log")):
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 3:
-                out.append((parts[0], int(parts[1]), float(parts[2])))
+            if len(parts) in (3, 4):
+                enqueued = float(parts[3]) if len(parts) == 4 and parts[3] != "-" else None
+                out.append(Execution(parts[0], int(parts[1]), float(parts[2]), enqueued))
     return out

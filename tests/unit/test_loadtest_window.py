@@ -11,8 +11,10 @@ from loadtest.firing import (
     herd_lines,
     herd_second,
     new_schedule,
+    queue_wait,
     warm_window_start,
 )
+from loadtest.tally import Execution
 from scheduler.model import ScheduleSpec, SpecKind, run_id_for
 from scheduler.slots import next_slot
 
@@ -59,12 +61,26 @@ def test_a_herd_is_accounted_from_the_handlers_record(tmp_path: Path) -> None:
     ids = [run_id_for(s.schedule_id, at) for s in herd]
     t0 = at.timestamp()
     (tmp_path / "tally-1.log").write_text(
-        f"{ids[0]} 1 {t0 + 0.5}\n{ids[1]} 1 {t0 + 4.0}\n{ids[1]} 1 {t0 + 9.0}\nother 1 {t0}\n"
+        # The first line as written before the enqueue time was (three fields).
+        f"{ids[0]} 1 {t0 + 0.5}\n{ids[1]} 1 {t0 + 4.0} {t0 + 3.0}\n{ids[1]} 1 {t0 + 9.0} -\n"
+        f"other 1 {t0} -\n"
     )
-    lost, twice, lags = account_herd(herd, tmp_path, at)
+    lost, twice, lags, waits = account_herd(herd, tmp_path, at)
     assert lost == [ids[2]] and twice == {ids[1]: 2} and lags == [0.5, 4.0]
-    lines = herd_lines(at, 3, lost, twice, lags, [(t0 + 1, 0.2), (t0 + 3, 0.6), (t0 + 9, 5.0)])
+    assert waits == [1.0]  # started 1 s after its enqueue; the other line has no enqueue time
+    timeline = [(t0 + 1, 0.2), (t0 + 3, 0.6), (t0 + 9, 5.0)]
+    lines = herd_lines(at, 3, lost, twice, lags, timeline, waits, [(t0 + 3, 0.5), (t0 + 9, 4.0)])
     assert "2 ran, **1 lost**, **1 ran more than once**" in lines[0]
     assert "the last 4.0 s after the second" in lines[0]
+    assert lines[0].endswith("of it after the enqueue (the run queue: Kafka and the worker) "
+                             "p50 1.00 s, p99 1.00 s")  # fmt: skip
     # Only the other slots due while the herd drained (within 4 s of it) count beside it.
     assert lines[1].startswith("- the 2 other slots due while it drained: lag p50 0.60 s")
+    assert lines[1].endswith("p50 0.50 s, p99 0.50 s")
+
+
+def test_a_runs_wait_after_its_enqueue_counts_from_its_slot_if_planned_ahead() -> None:
+    # Fire-ahead: enqueued 0.3 s before its slot, the message held until then.
+    assert queue_wait(Execution("r", 1, 100.5, 99.7), 100.0) == 0.5
+    assert queue_wait(Execution("r", 1, 100.5, 100.25), 100.0) == 0.25
+    assert queue_wait(Execution("r", 1, 100.5, None), 100.0) is None
