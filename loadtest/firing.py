@@ -297,8 +297,15 @@ def new_schedule(
     )
     slot = next_slot(s, after)
     assert slot is not None
+    # Its tenant on it, as the API writes a first timer: the wheel's lanes are tenants, and a
+    # timer without one would sit in a lane of its own (until 48f59b3 a one-off herd here was
+    # in another lane than the spread schedules' later timers, as if of another tenant).
     first = FireTimer(
-        schedule_id=s.schedule_id, generation=s.generation, slot=slot.slot, scheduled_for=slot.at
+        schedule_id=s.schedule_id,
+        generation=s.generation,
+        slot=slot.slot,
+        scheduled_for=slot.at,
+        tenant=s.tenant,
     )
     return replace(s, next_fire_time=slot.at), first.to_timer(shard_count)
 
