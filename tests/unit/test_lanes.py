@@ -77,3 +77,26 @@ def test_batches_keep_whole_groups_and_stop_at_the_round_limit() -> None:
     assert [[t.key for t in b] for b in batches] == [["x", "x", "k0", "k1"], ["k2", "k3", "k4"]]
     big = [[_timer("y", "A", i) for i in range(6)], [_timer("z", "A", 9)]]
     assert [len(b) for b in fill_batches(big, size=4, limit=100)] == [6, 1]
+
+
+def test_within_a_lane_the_backlogs_head_and_later_timers_take_turns_later_first() -> None:
+    head = [_timer(f"old{i}", "A", i) for i in range(5)]  # a herd's second
+    later = [_timer(f"new{i}", "A", 1_000_000 + i) for i in range(2)]  # due after it
+    cut = {"A": T0 + timedelta(seconds=1)}
+    order = [g[0].key for g in fair_order([*head, *later], _ByData(), later_from=cut)]
+    assert order == ["new0", "old0", "new1", "old1", "old2", "old3", "old4"]
+    # A lane not named, or no cut at all: oldest first as ever.
+    expected = [*(f"old{i}" for i in range(5)), "new0", "new1"]
+    assert [g[0].key for g in fair_order([*head, *later], _ByData())] == expected
+    other = {"B": T0}
+    assert [g[0].key for g in fair_order([*head, *later], _ByData(), later_from=other)] == expected
+
+
+def test_a_lane_with_a_backlog_still_takes_one_turn_per_cycle_beside_another_lane() -> None:
+    a = [_timer(f"a{i}", "A", i) for i in range(4)]  # A's herd
+    a_later = [_timer("an", "A", 2_000_000)]  # and one of A's due after it
+    b = [_timer(f"b{i}", "B", 2_000_001 + i) for i in range(3)]
+    cut = {"A": T0 + timedelta(seconds=1)}
+    order = [g[0].key for g in fair_order([*a, *a_later, *b], _ByData(), later_from=cut)]
+    # A takes one key per turn (its later one first), B one: A's split gains it no turns.
+    assert order == ["an", "b0", "a0", "b1", "a1", "b2", "a2", "a3"]

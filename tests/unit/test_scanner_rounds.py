@@ -5,7 +5,6 @@ in the scanner's memory as its reads would leave them; nothing here reads or wri
 from __future__ import annotations
 
 import asyncio
-import itertools
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
@@ -49,6 +48,10 @@ def _fill(scanner: WheelScanner, timers: list[Timer]) -> None:
         p.pending[t.position] = t
 
 
+def _position_of(t: Timer) -> tuple[datetime, str]:
+    return (t.fire_time, t.timer_id)
+
+
 def _timer(key: str, shard: int, at: datetime, n: int) -> Timer:
     return Timer(fire_time=at, timer_id=f"{key}-{n:06d}", shard=shard, kind="t", key=key)
 
@@ -88,11 +91,17 @@ def test_rounds_drain_a_backlog_oldest_first_each_timer_once() -> None:
         assert len(rounds) < 100
     out = [t for r in rounds for t in r]
     assert len(out) == len(timers) and len(set(out)) == len(timers)
-    # Within a lane, oldest first from round to round (a round's batches go out together).
+    # Within a lane, every round takes the oldest timer left (the backlog's head always moves;
+    # timers due later take turns with it), and each lane's rounds end oldest first once only
+    # its head is left.
     for lane in ("a", "c"):
-        mine = [[t.position for t in r if t.key.startswith(lane + "-")] for r in rounds]
-        mine = [r for r in mine if r]
-        assert all(max(r) < min(later) for r, later in itertools.pairwise(mine))
+        left = sorted((t for t in timers if t.key.startswith(lane + "-")), key=_position_of)
+        for r in rounds:
+            mine = {t for t in r if t.key.startswith(lane + "-")}
+            if left:
+                assert left[0] in mine
+            left = [t for t in left if t not in mine]
+        assert not left
 
 
 def test_a_single_lane_takes_larger_rounds_and_without_lanes_everything_goes() -> None:
@@ -130,3 +139,58 @@ def test_a_read_starts_no_earlier_than_grace_before_the_last_read_began() -> Non
     assert p.read_from(bucket, grace) == (NOW - grace, "")
     p.checkpoints[bucket] = (NOW, "x")  # a checkpoint later than that wins
     assert p.read_from(bucket, grace) == (NOW, "x")
+
+
+def test_a_herd_backlog_leaves_room_for_the_same_lanes_later_timers() -> None:
+    # A tenant's herd, due a minute ago and still draining, and that tenant's schedules of
+    # the current second: they go in the next round, not after the whole backlog.
+    herd_at = NOW - timedelta(seconds=60)
+    herd = [_timer(f"a-{i}", i % 4, herd_at, i) for i in range(20_000)]
+    fresh = [_timer(f"a-new{i}", i % 4, NOW - timedelta(milliseconds=300), i) for i in range(50)]
+    handed: list[list[Timer]] = []
+    scanner = _scanner(handed)
+    _fill(scanner, [*herd, *fresh])
+
+    due, waiting = scanner._due(NOW)
+    # A round as short as when lanes take turns (batch 100 x 2 in flight), not eight times it.
+    assert len(due) == 200 and waiting == 20_050 - 200
+    assert set(fresh) <= set(due)
+    # The rest of the round is the backlog's oldest.
+    backlog = sorted(herd, key=lambda t: t.position)[:150]
+    assert [t for t in due if t not in fresh] == backlog
+
+    asyncio.run(scanner.fire_due())
+    assert set(fresh) <= {t for batch in handed for t in batch}
+
+
+def test_timers_due_seconds_after_a_herd_are_not_held_behind_it() -> None:
+    # The seconds right after a herd's: already a few seconds old when a round gets to them,
+    # they are still due after the herd's head, so they take turns with it.
+    herd_at = NOW - timedelta(seconds=10)
+    herd = [_timer(f"a-{i}", i % 4, herd_at, i) for i in range(20_000)]
+    after = [_timer(f"a-s{i}", i % 4, herd_at + timedelta(seconds=3 + i % 5), i) for i in range(60)]
+    scanner = _scanner([])
+    _fill(scanner, [*herd, *after])
+    due, _ = scanner._due(NOW)
+    assert set(after) <= set(due) and len(due) == 200
+
+
+def test_later_timers_take_at_most_half_a_round_while_the_head_waits() -> None:
+    herd = [_timer(f"a-{i}", i % 4, NOW - timedelta(seconds=60), i) for i in range(1_000)]
+    fresh = [_timer(f"a-new{i}", i % 4, NOW, i) for i in range(1_000)]
+    scanner = _scanner([])
+    _fill(scanner, [*herd, *fresh])
+    due, _ = scanner._due(NOW)
+    assert len(due) == 200
+    later = set(fresh)
+    assert sum(t in later for t in due) == 100  # half the later ones, half the herd's oldest
+    # Oldest first within each half.
+    assert [t for t in due if t in later] == sorted(fresh, key=lambda t: t.position)[:100]
+
+
+def test_a_herd_alone_still_drains_in_large_rounds() -> None:
+    herd = [_timer(f"a-{i}", i % 4, NOW - timedelta(seconds=30), i) for i in range(5_000)]
+    scanner = _scanner([])
+    _fill(scanner, herd)
+    due, waiting = scanner._due(NOW)
+    assert len(due) == 1_600 and waiting == 3_400  # nothing due after its head: 8x rounds
