@@ -8,7 +8,7 @@ timer keys from every lane with timers waiting, oldest first within the lane, so
 100,000 timers due takes its turns beside a lane with 10 instead of ahead of it. Timers that
 share a key stay together and in order (two timers of one schedule never race each other).
 
-Within a lane, a backlog's head (its oldest timers: a :00 herd's second) and the timers due
+Within a lane, a backlog's head (its oldest timers: a :00 herd) and the timers due
 after it take turns too, the later ones first, each oldest first: a tenant's herd of a million
 then delays the same tenant's schedules of later seconds by a round, not by the whole drain
 (past the misfire threshold, where they would count as missed), and the herd still takes at

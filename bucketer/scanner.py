@@ -9,7 +9,9 @@ what keeps the :00 burst from being I/O bound ("read bucket t+1 ahead of time").
 than one batch and ``lanes`` given, a round hands at most ``batches_in_flight`` batches in
 weighted round-robin order across lanes (bucketer.lanes), and the next round starts at once.
 A round over a deeper backlog orders only each lane's oldest round's worth, not all of it
-(a herd of a million).
+(a herd of a million), and within a lane the timers due after its backlog's head (the
+herd's instant) take turns with that head, so a tenant's herd does not hold its own later
+seconds until it has drained.
 
 Progress: after a batch is handed, each partition's checkpoint may move to the first timer
 still pending, but never past ``grace`` before the start of the last read (nor past ``now -
@@ -162,7 +164,7 @@ class WheelScanner:
         may_fire: Callable[[int], bool] | None = None,
         lanes: Lanes | None = None,
         ahead: Mapping[str, timedelta] | None = None,
-        backlog_head: timedelta = timedelta(seconds=2),
+        backlog_head: timedelta = timedelta(milliseconds=1),
     ) -> None:
         # How long before its fire time a timer of a kind is handed (the dispatcher's
         # fire-ahead); other kinds at their time. Within the lookahead, so it has been read.
@@ -196,7 +198,7 @@ class WheelScanner:
         # which starts at once and is ordered afresh with whatever fell due meanwhile.
         self._lanes = lanes
         # Under a deep backlog, a lane's head (its timers due within ``backlog_head`` of its
-        # oldest: a herd's second) and its timers due after that take turns (bucketer.lanes),
+        # oldest: a herd's instant) and its timers due after that take turns (bucketer.lanes),
         # and a round holding both stays short. Set by ``_due`` for its round's ``_batches``.
         self._backlog_head = backlog_head
         self._later_from: dict[str, datetime] = {}
@@ -477,7 +479,7 @@ class WheelScanner:
         merge of its shards' heads.
 
         A lane's round's worth is not only its oldest, though: the timers due after its
-        backlog's head (more than ``backlog_head`` after its oldest timer: a herd's second)
+        backlog's head (``backlog_head`` or more after its oldest timer: a herd's instant)
         take up to half of it, oldest first, and a round of a single lane holding both is as
         short as when lanes take turns. Otherwise a herd's backlog holds the same tenant's
         schedules of later seconds until it has drained, past the misfire threshold: with a

@@ -80,7 +80,7 @@ def test_batches_keep_whole_groups_and_stop_at_the_round_limit() -> None:
 
 
 def test_within_a_lane_the_backlogs_head_and_later_timers_take_turns_later_first() -> None:
-    head = [_timer(f"old{i}", "A", i) for i in range(5)]  # a herd's second
+    head = [_timer(f"old{i}", "A", i) for i in range(5)]  # a herd
     later = [_timer(f"new{i}", "A", 1_000_000 + i) for i in range(2)]  # due after it
     cut = {"A": T0 + timedelta(seconds=1)}
     order = [g[0].key for g in fair_order([*head, *later], _ByData(), later_from=cut)]

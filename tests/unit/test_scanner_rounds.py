@@ -169,6 +169,8 @@ def test_timers_due_seconds_after_a_herd_are_not_held_behind_it() -> None:
     herd_at = NOW - timedelta(seconds=10)
     herd = [_timer(f"a-{i}", i % 4, herd_at, i) for i in range(20_000)]
     after = [_timer(f"a-s{i}", i % 4, herd_at + timedelta(seconds=3 + i % 5), i) for i in range(60)]
+    # And one due within the herd's second, a moment after its instant.
+    after.append(_timer("a-soon", 1, herd_at + timedelta(milliseconds=150), 1))
     scanner = _scanner([])
     _fill(scanner, [*herd, *after])
     due, _ = scanner._due(NOW)
