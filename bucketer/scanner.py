@@ -582,7 +582,8 @@ class WheelScanner:
                     self._round_limit(count),
                 )
             # One lane (a single tenant's herd) has nobody to be fair to: no fair order, and
-            # a round of ``_round_limit(1)`` (``_due`` passed no more).
+            # a round of ``_round_limit(1)``, or ``_round_limit(2)`` with timers due after its
+            # head waiting (``_due`` passed no more, and every one of them goes).
         batches: list[list[Timer]] = [[] for _ in range(n)]
         for t in due:
             batches[hash(t.key) % n].append(t)
