@@ -28,6 +28,7 @@ from locust.env import Environment
 
 from cronscale.v1 import schedule_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
 from loadtest.locustfile import timed_call
+from loadtest.tally import parse_line
 from scheduler.credentials import authed_channel
 from scheduler.model import parse_run_id
 
@@ -76,10 +77,10 @@ def _follow_tallies(folder: Path, prefix: str) -> None:
                 lines = f.readlines()
                 offsets[path] = f.tell()
             for line in lines:
-                parts = line.split()
-                if len(parts) not in (3, 4) or not parts[0].startswith(prefix):
+                e = parse_line(line)
+                if e is None or not e.run_id.startswith(prefix):
                     continue
-                lag = float(parts[2]) - parse_run_id(parts[0]).scheduled_for.timestamp()
+                lag = e.started - parse_run_id(e.run_id).scheduled_for.timestamp()
                 events.request.fire(  # type: ignore[no-untyped-call]
                     request_type="handler",
                     name="fire lag",

@@ -47,14 +47,22 @@ class Execution(NamedTuple):
     enqueued: float | None
 
 
+def parse_line(line: str) -> Execution | None:
+    """One tally line (lines of three fields, from before the enqueue time was written, have
+    none); None for a line that is not one (a partial last line)."""
+    parts = line.split()
+    if len(parts) not in (3, 4):
+        return None
+    enqueued = float(parts[3]) if len(parts) == 4 and parts[3] != "-" else None
+    return Execution(parts[0], int(parts[1]), float(parts[2]), enqueued)
+
+
 def read_tallies(folder: Path) -> list[Execution]:
-    """Every execution recorded under ``folder`` (lines of three fields, from before the
-    enqueue time was written, have none)."""
+    """Every execution recorded under ``folder``."""
     out: list[Execution] = []
     for path in sorted(folder.glob("tally-*.log")):
         for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) in (3, 4):
-                enqueued = float(parts[3]) if len(parts) == 4 and parts[3] != "-" else None
-                out.append(Execution(parts[0], int(parts[1]), float(parts[2]), enqueued))
+            e = parse_line(line)
+            if e is not None:
+                out.append(e)
     return out
