@@ -25,20 +25,21 @@ only when something was handed, so a new owner resumes where this one provably g
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import heapq
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership, epoch_start
-from bucketer.keys import bucket_end, minute_bucket
+from bucketer.keys import bucket_end, bucket_start, minute_bucket
 from bucketer.lanes import Lanes, fair_order, fill_batches
 from bucketer.model import SETTLED, Checkpoint, ShardLease, Timer
+from bucketer.pending import Line, PendingTimers
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,27 @@ def _entry_position(entry: tuple[Timer, datetime | None]) -> Position:
     return (entry[0].fire_time, entry[0].timer_id)
 
 
-def _entry_fire_time(entry: tuple[Timer, datetime | None]) -> datetime:
-    return entry[0].fire_time
+class _DueLine(NamedTuple):
+    """A pending line's due part in a round: its timers due by ``until``, ``size`` of them,
+    at instants ``first`` to ``last``."""
+
+    line: Line
+    takeover_until: datetime | None
+    until: datetime
+    size: int
+    first: datetime
+    last: datetime
+
+    def entries(
+        self, since: datetime | None, before: datetime | None
+    ) -> Iterator[tuple[Timer, datetime | None]]:
+        """Its due timers from ``since`` and before ``before`` (None: no bound), oldest first,
+        with the shard's takeover instant; lazily."""
+        until = self.until
+        for t in self.line.timers(since, until):
+            if before is not None and t.fire_time >= before:
+                return
+            yield t, self.takeover_until
 
 
 def _transient_by_default(error: BaseException) -> bool:
@@ -96,8 +116,9 @@ class ShardProgress:
     epoch: int
     done_through: int
     checkpoints: dict[int, Position] = field(default_factory=dict)
-    # Read but not yet handed over, and handed over but still inside the re-read window.
-    pending: dict[Position, Timer] = field(default_factory=dict)
+    # Read but not yet handed over (by kind, lane and instant: bucketer.pending), and handed
+    # over but still inside the re-read window.
+    pending: PendingTimers = field(default_factory=PendingTimers)
     handed: set[Position] = field(default_factory=set)
     # Buckets with timers handed since their checkpoint was last written.
     dirty: set[int] = field(default_factory=set)
@@ -301,12 +322,15 @@ class WheelScanner:
         plain: datetime | None = None  # the earliest pending timer of a kind handed on time
         ahead: datetime | None = None  # and of a kind handed ahead
         for p in self.shards.values():
-            for t in p.pending.values():
-                if t.kind in self._ahead:
-                    if ahead is None or t.fire_time < ahead:
-                        ahead = t.fire_time
-                elif plain is None or t.fire_time < plain:
-                    plain = t.fire_time
+            for line in p.pending.lines():
+                first = line.first()
+                if first is None:
+                    continue
+                if line.kind in self._ahead:
+                    if ahead is None or first < ahead:
+                        ahead = first
+                elif plain is None or first < plain:
+                    plain = first
         if plain is not None:
             wait = min(wait, max((plain - now).total_seconds(), self.coalescing_window()))
         if ahead is not None:
@@ -427,9 +451,13 @@ class WheelScanner:
                 # at the same place, and the row holds the last write. Hand what it holds now;
                 # a position is handed once.
                 if held.data != t.data:
-                    pending[pos] = t
+                    pending.put(t, self._lane_of(t))
             elif pos > floor and pos not in p.handed:
-                pending[pos] = t
+                pending.put(t, self._lane_of(t))
+
+    def _lane_of(self, t: Timer) -> str:
+        """The fairness lane a pending timer is kept in ("" without lanes)."""
+        return "" if self._lanes is None else self._lanes.lane(t)
 
     async def fire_due(self) -> int:
         """Hands the pending timers that are due to ``on_due``, in batches, oldest first (or,
@@ -473,10 +501,10 @@ class WheelScanner:
         backlog (a :00 herd of a million), only each lane's oldest round's worth: a round
         hands at most that many anyway, and ordering the whole backlog afresh every round (a
         sort, a lane and a fair order for each of a million timers, for a few thousand handed)
-        wedged the dispatcher: a 1,000,000 herd drained at ~70 firings/s. The pass over what
-        is pending stays, but it only sorts out which timers are due and their lanes; each
-        shard's pending timers are in read order (oldest first), so a lane's oldest are a
-        merge of its shards' heads.
+        wedged the dispatcher: a 1,000,000 herd drained at ~70 firings/s. Nor is there a pass
+        over what is pending: each shard keeps its pending timers in lines by kind and lane,
+        each by instant (``bucketer.pending``), so what is due is counted from the instants,
+        and a lane's oldest are a merge of the fronts of its lines, taken lazily.
 
         A lane's round's worth is not only its oldest, though: the timers due after its
         backlog's head (``backlog_head`` or more after its oldest timer: a herd's instant)
@@ -489,71 +517,63 @@ class WheelScanner:
         # A kind handed ahead is due that much earlier.
         due_by = {kind: now + ahead for kind, ahead in self._ahead.items()}
         self._later_from = {}
-        lanes = self._lanes
-        if lanes is None:
-            return sorted(
-                (
-                    _marked(t, p.takeover_until)
-                    for p in self.shards.values()
-                    for t in p.pending.values()
-                    if t.fire_time <= due_by.get(t.kind, now)
-                ),
-                key=_position,
-            ), 0
-        # Each shard's due timers, in read order.
-        per_shard = [
-            [
-                (t, p.takeover_until)
-                for t in p.pending.values()
-                if t.fire_time <= due_by.get(t.kind, now)
-            ]
-            for p in self.shards.values()
-        ]
-        total = sum(map(len, per_shard))
+        # Each lane's due lines, from every shard: counted from their instants, not timers.
+        by_lane: dict[str, list[_DueLine]] = {}
+        total = 0
+        for p in self.shards.values():
+            for line in p.pending.lines():
+                until = due_by.get(line.kind, now)
+                count, first, last = line.due(until)
+                if count:
+                    assert first is not None and last is not None
+                    by_lane.setdefault(line.lane, []).append(
+                        _DueLine(line, p.takeover_until, until, count, first, last)
+                    )
+                    total += count
         picked: list[tuple[Timer, datetime | None]]
-        if total <= self._round_limit(2):
-            picked = [x for own in per_shard for x in own]
+        if self._lanes is None or total <= self._round_limit(2):
+            picked = [
+                (t, d.takeover_until)
+                for lines in by_lane.values()
+                for d in lines
+                for t in d.line.timers(None, d.until)
+            ]
         else:
-            # A deep backlog: lane -> one list per shard of its due timers, in read order.
-            by_lane: dict[str, list[list[tuple[Timer, datetime | None]]]] = {}
-            for own in per_shard:
-                mine: dict[str, list[tuple[Timer, datetime | None]]] = {}
-                for x in own:
-                    lane = lanes.lane(x[0])
-                    part = mine.get(lane)
-                    if part is None:
-                        part = mine[lane] = []
-                        by_lane.setdefault(lane, []).append(part)
-                    part.append(x)
-            # Each lane's timers due after its head are the tail of each of its shards' lists.
+            # A deep backlog: each lane's timers due after its head (its oldest instant) and
+            # its head take turns; each part is a merge of the fronts of its lines.
             later_from = {
-                lane: min(own[0][0].fire_time for own in shards) + self._backlog_head
-                for lane, shards in by_lane.items()
+                lane: min(d.first for d in lines) + self._backlog_head
+                for lane, lines in by_lane.items()
             }
-            split = {
-                lane: [
-                    (own, bisect.bisect_left(own, later_from[lane], key=_entry_fire_time))
-                    for own in shards
-                ]
-                for lane, shards in by_lane.items()
+            mixed = {
+                lane
+                for lane, lines in by_lane.items()
+                if any(d.last >= later_from[lane] for d in lines)
             }
             # A single lane's large rounds are for a herd alone; with later timers behind its
             # head, a round is as short as when lanes take turns.
-            mixed = {lane for lane, cuts in split.items() if any(c < len(o) for o, c in cuts)}
             cap = self._round_limit(2 if mixed else len(by_lane))
             picked = []
-            for cuts in split.values():
-                head_parts = [own[:cut] for own, cut in cuts if cut]
-                later_parts = [own[cut:] for own, cut in cuts if cut < len(own)]
-                head_count = sum(map(len, head_parts))
-                later_count = sum(map(len, later_parts))
+            for lane, lines in by_lane.items():
+                cut = later_from[lane]
+                head_count = sum(d.line.count_before(cut) for d in lines)
+                later_count = sum(d.size for d in lines) - head_count
                 # The later ones take up to half, more if the head is short.
                 later = min(later_count, max(cap // 2, cap - head_count))
+                if later:
+                    picked.extend(
+                        itertools.islice(
+                            heapq.merge(
+                                *(d.entries(cut, None) for d in lines), key=_entry_position
+                            ),
+                            later,
+                        )
+                    )
                 picked.extend(
-                    itertools.islice(heapq.merge(*later_parts, key=_entry_position), later)
-                )
-                picked.extend(
-                    itertools.islice(heapq.merge(*head_parts, key=_entry_position), cap - later)
+                    itertools.islice(
+                        heapq.merge(*(d.entries(None, cut) for d in lines), key=_entry_position),
+                        cap - later,
+                    )
                 )
             self._later_from = {lane: later_from[lane] for lane in mixed}
         due = sorted((_marked(t, until) for t, until in picked), key=_position)
@@ -654,7 +674,7 @@ class WheelScanner:
             p = self.shards.get(t.shard)
             if p is None:
                 continue
-            if p.pending.pop(t.position, None) is not None:
+            if p.pending.pop(t.position) is not None:
                 p.handed.add(t.position)
                 p.dirty.add(t.bucket)
 
@@ -674,16 +694,18 @@ class WheelScanner:
             return
         horizon = min(horizon, (p.read_until, ""), (p.read_at - self._grace, ""))
         current = minute_bucket(now)
-        first_pending: dict[int, Position] = {}
-        for pos, t in p.pending.items():
-            b = t.bucket
-            if b not in first_pending or pos < first_pending[b]:
-                first_pending[b] = pos
+        # Each bucket's first pending timer, from the pending lines' instants (not a pass over
+        # every pending timer: a herd's million, every round).
+        first_pending: dict[int, datetime] = {}
+        for bucket in range(p.done_through + 1, current + 1):
+            first = p.pending.first_from(bucket_start(bucket))
+            if first is not None and first < bucket_end(bucket):
+                first_pending[bucket] = first
         finished = p.done_through
         for bucket in range(p.done_through + 1, current + 1):
             target = horizon
             if bucket in first_pending:
-                target = min(target, (first_pending[bucket][0], ""))
+                target = min(target, (first_pending[bucket], ""))
             if bucket in p.cursors:
                 target = min(target, p.cursors[bucket])
             if target > p.after(bucket):

@@ -923,7 +923,8 @@ async def test_a_timer_written_again_after_it_was_read_is_handed_as_the_row_is_n
     scanner = WheelScanner(store, on_due, grace=timedelta(seconds=1))
     await scanner.add_shard(claimed)
     await scanner.read(datetime.now(UTC))
-    assert scanner.shards[shard].pending[first.position].data == b"1"
+    held = scanner.shards[shard].pending.get(first.position)
+    assert held is not None and held.data == b"1"
     await store.put([replace(first, data=b"2")], now=datetime.now(UTC))
     await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.05)
     await scanner.read(datetime.now(UTC))

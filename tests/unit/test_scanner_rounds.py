@@ -45,7 +45,7 @@ def _fill(scanner: WheelScanner, timers: list[Timer]) -> None:
         p = scanner.shards.setdefault(
             t.shard, ShardProgress(shard=t.shard, epoch=1, done_through=0)
         )
-        p.pending[t.position] = t
+        p.pending.put(t, _ByPrefix().lane(t) if scanner._lanes is not None else "")
 
 
 def _position_of(t: Timer) -> tuple[datetime, str]:
