@@ -36,11 +36,17 @@ async def _claim(store: CassandraTimerStore, shard: int, owner: str) -> ShardLea
 
 
 def _forget_progress(session: Session, keyspace: str, shard: int, *, through: int) -> None:
-    """Sets the shard's progress to "done through bucket ``through``, no checkpoints". Other
+    """Sets the shard's progress to "done through bucket ``through``, no checkpoints" (its
+    lease row made first if no dispatcher has made it: a shard past the keyspace's count). Other
     tests' dispatchers scan every shard of this keyspace; a checkpoint one left seconds ago may
     lie past a timer a test writes behind the scanners on purpose."""
     session.execute(
         f"DELETE FROM {keyspace}.shards WHERE shard = %s AND minute_bucket > %s", (shard, through)
+    )
+    session.execute(
+        f"INSERT INTO {keyspace}.shards (shard, epoch, done_through) VALUES (%s, 0, %s) "
+        "IF NOT EXISTS",
+        (shard, through),
     )
     session.execute(
         f"UPDATE {keyspace}.shards SET done_through = %s WHERE shard = %s", (through, shard)
@@ -227,6 +233,65 @@ async def test_a_herd_larger_than_a_read_drains_completely(
     bucket = minute_bucket(at)
     assert p.cursors == {}
     assert p.done_through >= bucket or p.after(bucket) > (at, "herd-99999")
+
+
+async def test_a_herd_being_paged_does_not_hold_the_timers_due_after_it(
+    store: CassandraTimerStore, session: Session, migrated: Config
+) -> None:
+    """A herd larger than a read is paged from a cursor, a few pages a call; the timers due in
+    the seconds after its instant sit behind it in the partition. They are read (and fired)
+    from the first call on, not once the whole herd has been read; and nothing is fired twice
+    when the cursor reaches them."""
+    shard = 10  # its own: the other tests' timers are not in its partitions
+    now = datetime.now(UTC)
+    at = now.replace(microsecond=now.microsecond // 1000 * 1000) - timedelta(seconds=4)  # as kept
+    _forget_progress(session, migrated.keyspace, shard, through=minute_bucket(at) - 1)
+    claimed = await _claim(store, shard, "herd-later")
+    herd = [
+        Timer(fire_time=at, timer_id=f"herd-{i:05d}", shard=shard, kind="t", key="h")
+        for i in range(2000)
+    ]
+    later = [
+        Timer(
+            fire_time=at + timedelta(seconds=s),
+            timer_id=f"later-{s}",
+            shard=shard,
+            kind="t",
+            key=f"l{s}",
+        )
+        for s in (1, 2, 3)
+    ]
+    if minute_bucket(later[-1].fire_time) != minute_bucket(at):
+        later = [
+            replace(t, fire_time=at + timedelta(milliseconds=i + 1)) for i, t in enumerate(later)
+        ]
+    await store.put([*herd, *later], now=at)
+    fired: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(t.timer_id for t in batch)
+
+    # A read takes 2 pages of 50 beyond the first: the herd takes ~20 calls to read.
+    scanner = WheelScanner(
+        store, on_due, per_shard_limit=50, pages_per_read=2, grace=timedelta(seconds=1)
+    )
+    await scanner.add_shard(claimed)
+    assert await scanner.read(datetime.now(UTC))  # the herd is not read whole
+    pending = scanner.shards[shard].pending
+    assert all(t.position in pending for t in later)
+    assert len(pending) < len(herd)
+    await scanner.fire_due()
+    assert {t.timer_id for t in later} <= set(fired)
+    for _ in range(60):
+        more = await scanner.read(datetime.now(UTC))
+        await scanner.fire_due()
+        await scanner.record_progress()
+        if not more and len(fired) >= len(herd) + len(later):
+            break
+    assert sorted(fired) == sorted(t.timer_id for t in [*herd, *later])  # each once
+    p = scanner.shards[shard]
+    assert p.cursors == {}
+    assert p.done_through >= minute_bucket(at) or p.after(minute_bucket(at)) > (at, "herd-99999")
 
 
 async def _claimed_scanner(
@@ -775,10 +840,12 @@ async def test_a_deep_backlog_is_handed_round_robin_across_lanes(
 
 
 async def test_the_coalescing_window_widens_while_rounds_are_busy(
-    store: CassandraTimerStore,
+    store: CassandraTimerStore, session: Session, migrated: Config
 ) -> None:
     """A round of at least ``busy_round`` timers makes the next one wait the busy window (more
     firings per batch under load); a small round brings the short window back."""
+    # Shard 9 is past the keyspace's count: its lease row is this test's to make.
+    _forget_progress(session, migrated.keyspace, 9, through=minute_bucket(datetime.now(UTC)) - 1)
     lease = await _claim(store, 9, "coalesce-test")
     handed: list[int] = []
 
