@@ -175,10 +175,6 @@ class PendingTimers:
             del self._lines[key]
         return t
 
-    def values(self) -> Iterator[Timer]:
-        """Every pending timer, in no particular order."""
-        return (t for t, _lane in self._timers.values())
-
     def lines(self) -> Iterator[Line]:
         """The lines holding timers."""
         return iter(self._lines.values())
