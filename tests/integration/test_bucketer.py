@@ -53,6 +53,17 @@ def _forget_progress(session: Session, keyspace: str, shard: int, *, through: in
     )
 
 
+async def _drain(scanner: WheelScanner, fired: list[str], expected: int, *, passes: int) -> None:
+    """Reads, fires and records progress until nothing more is read and ``expected`` timers
+    have fired, at most ``passes`` times."""
+    for _ in range(passes):
+        more = await scanner.read(datetime.now(UTC))
+        await scanner.fire_due()
+        await scanner.record_progress()
+        if not more and len(fired) >= expected:
+            return
+
+
 async def test_claim_contest_has_exactly_one_winner_and_fences_the_loser(
     store: CassandraTimerStore,
 ) -> None:
@@ -221,12 +232,7 @@ async def test_a_herd_larger_than_a_read_drains_completely(
         store, on_due, per_shard_limit=50, pages_per_read=3, grace=timedelta(seconds=1)
     )
     await scanner.add_shard(claimed)
-    for _ in range(40):
-        more = await scanner.read(datetime.now(UTC))
-        await scanner.fire_due()
-        await scanner.record_progress()
-        if not more and len(fired) >= len(herd):
-            break
+    await _drain(scanner, fired, len(herd), passes=40)
     assert len(fired) == len(herd) and set(fired) == {t.timer_id for t in herd}
     # Progress passed the herd: a new owner would not fire it again.
     p = scanner.shards[shard]
@@ -282,12 +288,7 @@ async def test_a_herd_being_paged_does_not_hold_the_timers_due_after_it(
     assert len(pending) < len(herd)
     await scanner.fire_due()
     assert {t.timer_id for t in later} <= set(fired)
-    for _ in range(60):
-        more = await scanner.read(datetime.now(UTC))
-        await scanner.fire_due()
-        await scanner.record_progress()
-        if not more and len(fired) >= len(herd) + len(later):
-            break
+    await _drain(scanner, fired, len(herd) + len(later), passes=60)
     assert sorted(fired) == sorted(t.timer_id for t in [*herd, *later])  # each once
     p = scanner.shards[shard]
     assert p.cursors == {}
