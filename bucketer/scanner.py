@@ -579,7 +579,7 @@ class WheelScanner:
                 (t, d.takeover_until)
                 for lines in by_lane.values()
                 for d in lines
-                for t in d.line.timers(None, d.until)
+                for t in d.line.due_timers(d.until)
             ]
         else:
             # A deep backlog: each lane's timers due after its head (its oldest instant) and
@@ -740,10 +740,11 @@ class WheelScanner:
         # Each bucket's first pending timer, from the pending lines' instants (not a pass over
         # every pending timer: a herd's million, every round).
         first_pending: dict[int, datetime] = {}
-        for bucket in range(p.done_through + 1, current + 1):
-            first = p.pending.first_from(bucket_start(bucket))
-            if first is not None and first < bucket_end(bucket):
-                first_pending[bucket] = first
+        if p.pending:
+            for bucket in range(p.done_through + 1, current + 1):
+                first = p.pending.first_from(bucket_start(bucket))
+                if first is not None and first < bucket_end(bucket):
+                    first_pending[bucket] = first
         finished = p.done_through
         for bucket in range(p.done_through + 1, current + 1):
             target = horizon

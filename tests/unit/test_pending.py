@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 from bucketer.model import Timer
@@ -69,3 +70,47 @@ def test_a_backlog_handed_oldest_first_keeps_its_order_through_compaction() -> N
     assert [at for at, _ in line.instants()] == [instants[10], *instants[2_000:]]
     assert line.due(instants[2_500]) == (502, instants[10], instants[2_500])
     assert pending.first_from(instants[11]) == instants[2_000]
+
+
+def test_a_line_agrees_with_a_plain_model_through_random_puts_and_pops() -> None:
+    # The line keeps a head (its first instant holding timers) and compacts emptied instants
+    # in bulk: whatever order timers come and go in, every question it answers must agree
+    # with a plain dict of the pending timers.
+    rng = random.Random(8)
+    pending = PendingTimers()
+    model: dict[tuple[datetime, str], Timer] = {}
+    instants = [T0 + timedelta(milliseconds=i) for i in range(200)]
+    for step in range(20_000):
+        if model and rng.random() < 0.5:
+            # Mostly from the front, as rounds hand them; sometimes from anywhere.
+            pos = min(model) if rng.random() < 0.7 else rng.choice(list(model))
+            assert pending.pop(pos) is model.pop(pos)
+        else:
+            t = _t(rng.randrange(400), rng.choice(instants), data=str(step).encode())
+            pending.put(t, "")
+            model[t.position] = t
+        assert len(pending) == len(model)
+        if step % 37:
+            continue
+        lines = list(pending.lines())
+        if not model:
+            assert lines == []
+            continue
+        (line,) = lines
+        ordered = sorted(model)
+        cut = rng.choice(instants)
+        due = [pos for pos in ordered if pos[0] <= cut]
+        assert line.count == len(model) and line.first() == ordered[0][0]
+        assert line.due(cut) == ((len(due), due[0][0], due[-1][0]) if due else (0, None, None))
+        assert sorted(t.position for t in line.due_timers(cut)) == due
+        # Oldest first; within an instant, as read.
+        taken = [t.position for t in line.timers(None, cut)]
+        assert sorted(taken) == due and [at for at, _ in taken] == [at for at, _ in due]
+        since = rng.choice(instants)
+        assert sorted(t.position for t in line.timers(since, cut)) == [
+            pos for pos in due if pos[0] >= since
+        ]
+        assert line.count_before(cut) == sum(1 for pos in ordered if pos[0] < cut)
+        after = [pos[0] for pos in ordered if pos[0] >= cut]
+        assert pending.first_from(cut) == (after[0] if after else None)
+        assert [at for at, _ in line.instants()] == sorted({pos[0] for pos in ordered})
