@@ -16,7 +16,7 @@ taken from the front of those lines and nowhere else. A herd is one instant per 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 from bucketer.model import Timer
@@ -169,12 +169,15 @@ class PendingTimers:
     worked out once, when the timer is read, and a round then needs no timer's lane.
     """
 
-    __slots__ = ("_lines", "_timers")
+    __slots__ = ("_line_of", "_lines", "_timers", "get")
 
     def __init__(self) -> None:
-        # Each timer with the line holding it.
-        self._timers: dict[Position, tuple[Timer, Line]] = {}
+        self._timers: dict[Position, Timer] = {}
+        self._line_of: dict[Position, Line] = {}  # the line holding each
         self._lines: dict[tuple[str, str], Line] = {}
+        # The timer pending at a position, or None: the dict's own ``get``, no call of ours
+        # (asked for every row a read returns, twice).
+        self.get: Callable[[Position], Timer | None] = self._timers.get
 
     def __len__(self) -> int:
         return len(self._timers)
@@ -184,10 +187,6 @@ class PendingTimers:
 
     def __contains__(self, pos: Position) -> bool:
         return pos in self._timers
-
-    def get(self, pos: Position) -> Timer | None:
-        held = self._timers.get(pos)
-        return None if held is None else held[0]
 
     def put(self, t: Timer, lane: str = "") -> None:
         """Keeps ``t``, in place of a timer read before at its position (a row written again)."""
@@ -199,14 +198,15 @@ class PendingTimers:
         if line is None:
             line = self._lines[key] = Line(t.kind, lane)
         line.add(t)
-        self._timers[pos] = (t, line)
+        self._timers[pos] = t
+        self._line_of[pos] = line
 
     def pop(self, pos: Position) -> Timer | None:
         """Forgets the timer at ``pos`` (handed); returns it, or None if none was pending."""
-        held = self._timers.pop(pos, None)
-        if held is None:
+        t = self._timers.pop(pos, None)
+        if t is None:
             return None
-        t, line = held
+        line = self._line_of.pop(pos)
         line.remove(t)
         if not line.count:
             del self._lines[(line.kind, line.lane)]

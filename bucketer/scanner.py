@@ -55,8 +55,9 @@ MAX_BACKOFF = 2.0
 # need no Kafka still go through, and must not make every timer that does look poisonous.)
 POISON_STRIKES = 5
 
-# Seconds between two prunings of a shard's handed timers (each one walks all of them: a
-# herd's million until its checkpoint can pass them).
+# Seconds between two prunings of a shard's handed timers. A pruning walks a bucket's handed
+# timers only if its checkpoint moved since the last: a herd's million, handed while its
+# checkpoint waits on the herd's instant, is walked once when the checkpoint passes it.
 PRUNE_EVERY = 5.0
 
 # Timers are kept to the millisecond (Cassandra's timestamps): the first position after every
@@ -123,7 +124,9 @@ class ShardProgress:
     # Read but not yet handed over (by kind, lane and instant: bucketer.pending), and handed
     # over but still inside the re-read window.
     pending: PendingTimers = field(default_factory=PendingTimers)
-    handed: set[Position] = field(default_factory=set)
+    handed: dict[int, set[Position]] = field(default_factory=dict)  # by bucket
+    # Each bucket's checkpoint when its handed timers were last pruned.
+    pruned_at: dict[int, Position] = field(default_factory=dict)
     # Buckets with timers handed since their checkpoint was last written.
     dirty: set[int] = field(default_factory=set)
     # Busy partitions read only part way (more due timers than a tick's pages): the last
@@ -474,7 +477,7 @@ class WheelScanner:
             held = p.pending.get(pos)
             if held is not None:
                 return held.data == data
-            return pos in p.handed or pos <= p.after(bucket)
+            return pos in p.handed.get(bucket, ()) or pos <= p.after(bucket)
 
         return known
 
@@ -483,6 +486,7 @@ class WheelScanner:
             return  # lost while reading
         floor = p.after(bucket)
         pending = p.pending
+        handed = p.handed.get(bucket, ())
         for t in timers:
             if t.kind == SETTLED or not t.kind:
                 continue  # settled, or a note left where no timer was written
@@ -495,7 +499,7 @@ class WheelScanner:
                 # a position is handed once.
                 if held.data != t.data:
                     pending.put(t, self._lane_of(t))
-            elif pos > floor and pos not in p.handed:
+            elif pos > floor and pos not in handed:
                 pending.put(t, self._lane_of(t))
 
     def _lane_of(self, t: Timer) -> str:
@@ -718,8 +722,12 @@ class WheelScanner:
             if p is None:
                 continue
             if p.pending.pop(t.position) is not None:
-                p.handed.add(t.position)
-                p.dirty.add(t.bucket)
+                bucket = t.bucket
+                handed = p.handed.get(bucket)
+                if handed is None:
+                    handed = p.handed[bucket] = set()
+                handed.add(t.position)
+                p.dirty.add(bucket)
 
     async def record_progress(self) -> None:
         """Moves checkpoints and finishes buckets, fenced by each shard's epoch."""
@@ -778,12 +786,25 @@ class WheelScanner:
                 p.checkpoints.pop(b, None)
             p.done_through = finished
         if mono - p.last_prune >= PRUNE_EVERY:
-            # A handed timer is forgotten once its bucket's checkpoint has passed it (a re-read
-            # starts after the checkpoint) or its bucket is finished.
-            kept: set[Position] = set()
-            for pos in p.handed:
-                b = minute_bucket(pos[0])
-                if b > p.done_through and pos > p.after(b):
-                    kept.add(pos)
-            p.handed = kept
+            self._prune_handed(p)
             p.last_prune = mono
+
+    @staticmethod
+    def _prune_handed(p: ShardProgress) -> None:
+        """Forgets the handed timers a re-read can no longer meet: those of finished buckets,
+        and those at or before their bucket's checkpoint (a re-read starts after it)."""
+        for bucket in list(p.handed):
+            if bucket <= p.done_through:
+                del p.handed[bucket]
+                p.pruned_at.pop(bucket, None)
+                continue
+            after = p.after(bucket)
+            if p.pruned_at.get(bucket) == after:
+                continue  # nothing passed since the last pruning
+            kept = {pos for pos in p.handed[bucket] if pos > after}
+            if kept:
+                p.handed[bucket] = kept
+                p.pruned_at[bucket] = after
+            else:
+                del p.handed[bucket]
+                p.pruned_at.pop(bucket, None)

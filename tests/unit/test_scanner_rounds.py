@@ -196,3 +196,28 @@ def test_a_herd_alone_still_drains_in_large_rounds() -> None:
     _fill(scanner, herd)
     due, waiting = scanner._due(NOW)
     assert len(due) == 1_600 and waiting == 3_400  # nothing due after its head: 8x rounds
+
+
+def test_pruning_forgets_handed_timers_a_re_read_cannot_meet_bucket_by_bucket() -> None:
+    # A re-read starts after a bucket's checkpoint, and a finished bucket is never read again:
+    # handed positions at or before the checkpoint, or in a finished bucket, are forgotten;
+    # the rest are kept until the checkpoint passes them.
+    handed: list[list[Timer]] = []
+    scanner = _scanner(handed)
+    minute = NOW.replace(second=0)
+    old, herd_bucket = _timer("a", 0, minute - timedelta(minutes=1), 0), _timer("a", 0, NOW, 1)
+    later = _timer("a", 0, NOW + timedelta(seconds=5), 2)
+    _fill(scanner, [old, herd_bucket, later])
+    asyncio.run(scanner._deliver([old, herd_bucket, later]))
+    p = scanner.shards[0]
+    assert p.handed == {
+        old.bucket: {old.position},
+        herd_bucket.bucket: {herd_bucket.position, later.position},
+    }
+    p.done_through = old.bucket  # the old minute is finished
+    p.checkpoints[herd_bucket.bucket] = (NOW, "~")  # past the herd's timer, not the later one
+    WheelScanner._prune_handed(p)
+    assert p.handed == {herd_bucket.bucket: {later.position}}
+    p.checkpoints[herd_bucket.bucket] = (later.fire_time, "~")
+    WheelScanner._prune_handed(p)
+    assert p.handed == {} and p.pruned_at == {}
