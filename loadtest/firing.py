@@ -33,7 +33,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,11 +50,13 @@ from loadtest.netns import SimulatedHost
 from loadtest.tally import ENV_DIR, Execution, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
-from scheduler.cassandra import CassandraScheduleStore
+from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.credentials import fresh_keys_env
 from scheduler.kafka import delete_topics
 from scheduler.model import (
+    Run,
+    RunStatus,
     Schedule,
     ScheduleSpec,
     SpecKind,
@@ -142,6 +144,7 @@ def herd_lines(
     timeline: list[tuple[float, float]],
     waits: Sequence[float] = (),
     queued: Sequence[tuple[float, float]] = (),
+    skipped: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The report's lines on a one-off herd: how it drained, and the lag of the other slots
     due while it drained; with ``waits`` (the herd's) and ``queued`` (the other slots'
@@ -153,8 +156,10 @@ def herd_lines(
     beside = [lag for due, lag in timeline if t0 <= due <= t0 + drained]
     beside_waits = [w for due, w in queued if t0 <= due <= t0 + drained]
     return [
-        f"- **herd of {count:,} due at {at:%H:%M:%S}**: {count - len(lost):,} ran, "
-        f"**{len(lost):,} lost**, **{len(twice):,} ran more than once**; start lag p50 "
+        f"- **herd of {count:,} due at {at:%H:%M:%S}**: "
+        f"{count - len(lost) - len(skipped or {}):,} ran, "
+        f"**{len(lost):,} lost**{skipped_text(skipped or {})}, "
+        f"**{len(twice):,} ran more than once**; start lag p50 "
         f"{pct(lags, 0.5):.2f} s, p99 {pct(lags, 0.99):.2f} s, the last {drained:.1f} s after "
         f"the second ({count / drained if drained > 0 else math.nan:,.0f} herd firings/s)"
         + _after_enqueue(waits),
@@ -162,6 +167,20 @@ def herd_lines(
         f"{pct(beside, 0.5):.2f} s, p99 {pct(beside, 0.99):.2f} s, max "
         f"{max(beside, default=math.nan):.2f} s" + _after_enqueue(beside_waits),
     ]
+
+
+def skipped_text(skipped: Mapping[str, str]) -> str:
+    """ ", N skipped by their schedules' policy (misfire: N; e.g. <run ids>)", or ""."""
+    if not skipped:
+        return ""
+    reasons: dict[str, int] = {}
+    for why in skipped.values():
+        reasons[why] = reasons.get(why, 0) + 1
+    by_reason = ", ".join(f"{why}: {n:,}" for why, n in sorted(reasons.items()))
+    return (
+        f", **{len(skipped):,} skipped by their schedules' policy** ({by_reason}; recorded as "
+        f"SKIPPED runs, e.g. {', '.join(sorted(skipped)[:3])})"
+    )
 
 
 def _after_enqueue(waits: Sequence[float]) -> str:
@@ -349,6 +368,38 @@ async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list
             await schedules.import_many(chunk)
             registered.extend(chunk)
         return registered, count / (time.perf_counter() - started)
+    finally:
+        session.cluster.shutdown()
+
+
+# Slots no handler ran whose run rows the harness looks up; beyond this many (a run that
+# lost far more than a few) the rest count as lost without a look.
+MAX_LOOKED_UP = 10_000
+
+
+def skipped_by_policy(unran: Sequence[str], runs: Mapping[str, Run]) -> dict[str, str]:
+    """Of the slots no handler ran, those the scheduler recorded as SKIPPED (run id -> the
+    skip reason: a misfire policy standing one run for missed slots, an overlap policy):
+    the product's documented outcome, not lost. The rest, with no run row or another
+    status, were lost."""
+    return {
+        run_id: runs[run_id].skip_reason or "unknown"
+        for run_id in unran
+        if run_id in runs and runs[run_id].status is RunStatus.SKIPPED
+    }
+
+
+async def recorded_runs(config: Config, run_ids: Sequence[str]) -> dict[str, Run]:
+    """The run rows of ``run_ids`` (the first ``MAX_LOOKED_UP``) in the run's keyspace, read
+    200 at a time."""
+    session, schedules, _timers = _import_stores(config)
+    try:
+        store = CassandraRunStore(session, schedules)
+        found: dict[str, Run] = {}
+        wanted = run_ids[:MAX_LOOKED_UP]
+        for start in range(0, len(wanted), 200):
+            found.update(await store.get_many(wanted[start : start + 200]))
+        return found
     finally:
         session.cluster.shutdown()
 
@@ -660,6 +711,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     herd, tally_dir, herd_at
                 )
         disk = _keyspace_bytes(settings, config.keyspace) if args.stored else 0
+        # Slots that never ran may have been skipped by the schedule's own policy (a slot
+        # later than the misfire threshold): the scheduler records those as SKIPPED runs.
+        unran = [*lost, *herd_lost]
+        runs = asyncio.run(recorded_runs(config, unran)) if unran else {}
+        skipped = skipped_by_policy(unran, runs)
+        lost = [r for r in lost if r not in skipped]
+        herd_skipped = {r: skipped[r] for r in herd_lost if r in skipped}
+        herd_lost = [r for r in herd_lost if r not in skipped]
+        window_skipped = {r: why for r, why in skipped.items() if r not in herd_skipped}
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
@@ -706,9 +766,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         f"dispatcher(s), {args.workers} worker(s), {args.shards} shards; window "
         f"{lo:%H:%M:%S}-{hi:%H:%M:%S} UTC ({wall:.0f} s)",
         f"- fired {fired:,.0f} runs = {fired / wall * 60:,.0f}/min",
-        f"- from the handlers: {expected:,} slots due in the window, {expected - len(lost):,} "
-        f"ran, **{len(lost):,} lost**, **{len(doubled):,} ran more than once**"
-        + (f" (e.g. {', '.join(lost[:3])})" if lost else ""),
+        f"- from the handlers: {expected:,} slots due in the window, "
+        f"{expected - len(lost) - len(window_skipped):,} ran, **{len(lost):,} lost**"
+        + (f" (e.g. {', '.join(lost[:3])})" if lost else "")
+        + skipped_text(window_skipped)
+        + f", **{len(doubled):,} ran more than once**",
         f"- lag (handler start - scheduled_for), all {len(lags):,} runs: p50 "
         f"{pct(lags, 0.5):.3f} s, p99 {pct(lags, 0.99):.3f} s, max "
         f"{max(lags, default=float('nan')):.3f} s, mean "
@@ -743,7 +805,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         ),
         *(
             herd_lines(
-                herd_at, len(herd), herd_lost, herd_twice, herd_lags, timeline, herd_waits, queued
+                herd_at,
+                len(herd),
+                herd_lost,
+                herd_twice,
+                herd_lags,
+                timeline,
+                herd_waits,
+                queued,
+                skipped=herd_skipped,
             )
         ),
         f"- registration (direct import): {reg_rate:,.0f} schedules/s",
@@ -799,6 +869,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "schedule_cache": cache,
         "expected": expected,
         "lost": len(lost),
+        "skipped_by_policy": len(window_skipped),
         "ran_twice": len(doubled),
         "lag_s": {
             "p50": pct(lags, 0.5),
@@ -821,6 +892,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             "count": len(herd),
             "due": herd_at.isoformat() if herd_at else None,
             "lost": len(herd_lost),
+            "skipped_by_policy": len(herd_skipped),
             "ran_twice": len(herd_twice),
             "lag_s": {
                 "p50": pct(herd_lags, 0.5),

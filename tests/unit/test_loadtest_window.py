@@ -12,10 +12,12 @@ from loadtest.firing import (
     herd_second,
     new_schedule,
     queue_wait,
+    skipped_by_policy,
+    skipped_text,
     warm_window_start,
 )
 from loadtest.tally import Execution
-from scheduler.model import ScheduleSpec, SpecKind, run_id_for
+from scheduler.model import Run, RunStatus, ScheduleSpec, SkipReason, SpecKind, run_id_for
 from scheduler.slots import next_slot
 
 NOW = datetime(2026, 12, 4, 13, 0, 20, tzinfo=UTC)
@@ -84,3 +86,28 @@ def test_a_runs_wait_after_its_enqueue_counts_from_its_slot_if_planned_ahead() -
     assert queue_wait(Execution("r", 1, 100.5, 99.7), 100.0) == 0.5
     assert queue_wait(Execution("r", 1, 100.5, 100.25), 100.0) == 0.25
     assert queue_wait(Execution("r", 1, 100.5, None), 100.0) is None
+
+
+def test_a_slot_the_scheduler_skipped_by_policy_is_told_apart_from_a_lost_one() -> None:
+    # A slot no handler ran is lost unless its run row says SKIPPED: a schedule whose slot
+    # came due more than the misfire threshold late ran once for all its missed slots, and
+    # recorded the others as skipped (misfire).
+    at = NOW.replace(second=0)
+    ids = [run_id_for("s", at + timedelta(minutes=m)) for m in range(4)]
+
+    def run(run_id: str, status: RunStatus, why: str = "") -> Run:
+        return Run(run_id=run_id, schedule_id="s", scheduled_for=at, status=status, skip_reason=why)
+
+    runs = {
+        ids[0]: run(ids[0], RunStatus.SKIPPED, SkipReason.MISFIRE),
+        ids[1]: run(ids[1], RunStatus.SKIPPED, SkipReason.MISFIRE),
+        ids[2]: run(ids[2], RunStatus.ENQUEUED),  # enqueued, never started: lost
+    }
+    skipped = skipped_by_policy(ids, runs)
+    assert skipped == {ids[0]: "misfire", ids[1]: "misfire"}  # ids[3]: no row at all, lost
+    assert skipped_text(skipped).startswith(
+        ", **2 skipped by their schedules' policy** (misfire: 2; recorded as SKIPPED runs, e.g."
+    )
+    assert skipped_text({}) == ""
+    lines = herd_lines(at, 5, [ids[3]], {}, [1.0, 2.0], [], skipped=skipped)
+    assert "2 ran, **1 lost**, **2 skipped by their schedules' policy**" in lines[0]
