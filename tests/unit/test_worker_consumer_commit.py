@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from aiokafka import TopicPartition
@@ -34,6 +35,19 @@ class NoReports:
         raise AssertionError("nothing is reported here")
 
 
+class _Said(logging.Handler):
+    """Sets ``event`` once a record whose message starts with ``prefix`` is logged."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.event = asyncio.Event()
+        self._prefix = prefix
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self._prefix):
+            self.event.set()
+
+
 def _kafka_up(tier: str) -> float | None:
     return REGISTRY.get_sample_value("cronscale_worker_kafka_up", {"tier": tier})
 
@@ -48,7 +62,13 @@ async def test_a_commit_kafka_does_not_take_marks_kafka_down_until_it_does(
     kafka = SlowCommits()
     tp = TopicPartition("t", 0)
     committing = asyncio.create_task(consumer._commit(kafka, {tp: Commit(offset=5, finished=(7,))}))
-    await asyncio.sleep(0.2)
+    # Until the consumer says so (not a fixed sleep: a busy machine may start the commit late).
+    said = _Said("Kafka has not taken an offset commit")
+    logging.getLogger(consumer_module.__name__).addHandler(said)
+    try:
+        await asyncio.wait_for(said.event.wait(), 5)
+    finally:
+        logging.getLogger(consumer_module.__name__).removeHandler(said)
     assert not committing.done()
     assert _kafka_up("commit-test") == 0
     assert "Kafka has not taken an offset commit" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -165,10 +166,42 @@ async def test_context_heartbeat_sends_heartbeat_events() -> None:
     assert ctx.enqueue_time == enqueued
 
 
+class BeatCounter(RecordingReporter):
+    """Records events, and sets ``enough`` once every run in ``runs`` has heartbeated
+    ``beats`` times; keeps each heartbeat's loop time by run."""
+
+    def __init__(self, runs: set[str], beats: int) -> None:
+        super().__init__()
+        self.enough = asyncio.Event()
+        self.beat_times: dict[str, list[float]] = {run: [] for run in runs}
+        self._beats = beats
+
+    def submit(self, event: pb.RunEvent) -> asyncio.Future[pb.RunEventAck]:
+        if event.kind == pb.RUN_EVENT_KIND_HEARTBEAT:
+            self.beat_times[event.run_id].append(asyncio.get_running_loop().time())
+            if all(len(times) >= self._beats for times in self.beat_times.values()):
+                self.enough.set()
+        return super().submit(event)
+
+
+def wait_for_beats(registry: HandlerRegistry, reporter: BeatCounter) -> None:
+    """Registers "wait-for-beats": a handler that never heartbeats itself and returns once
+    ``reporter`` has seen its heartbeats (failing the run if they do not come in 4 s). Waiting
+    on them, not sleeping a fixed time, keeps the test true on a machine too busy to tick on
+    time."""
+
+    async def handler(ctx: HandlerContext) -> None:
+        await asyncio.wait_for(reporter.enough.wait(), 4)
+
+    registry.register("wait-for-beats", handler)
+
+
 async def test_long_runs_heartbeat_on_their_own() -> None:
-    reporter = RecordingReporter()
-    runner, _ = make_runner(reporter, heartbeat_interval=0.05)
-    await runner.run(task("sleep", b'{"seconds": 0.3}'))
+    reporter = BeatCounter({"run-1"}, beats=3)
+    runner, registry = make_runner(reporter, heartbeat_interval=0.05)
+    wait_for_beats(registry, reporter)
+    outcome = await runner.run(task("wait-for-beats"))
+    assert outcome.succeeded, outcome.error
     assert reporter.kinds().count("HEARTBEAT") >= 3
     assert reporter.kinds()[-1] == "SUCCEEDED"
 
@@ -295,11 +328,26 @@ async def test_a_handler_that_ignores_its_cancellation_is_given_up_on(
 
 
 async def test_long_runs_share_one_heartbeat_ticker() -> None:
-    reporter = RecordingReporter()
-    runner, _ = make_runner(reporter, heartbeat_interval=0.2)
-    await asyncio.gather(*(runner.run(task("sleep", b'{"seconds": 0.7}')) for _ in range(3)))
-    beats = reporter.kinds().count("HEARTBEAT")
-    assert 3 * 2 <= beats <= 3 * 4, reporter.kinds()
+    """Runs in progress together are heartbeated by one ticker task, each no more often than
+    the interval (a busy machine can only space the beats further apart)."""
+    interval = 0.2
+    runs = {f"run-{i}" for i in range(3)}
+    reporter = BeatCounter(runs, beats=2)
+    runner, registry = make_runner(reporter, heartbeat_interval=interval)
+    wait_for_beats(registry, reporter)
+    before = asyncio.all_tasks()  # a ticker of an earlier test's runner may not have ended yet
+    running = [
+        asyncio.create_task(runner.run(replace(task("wait-for-beats"), run_id=run)))
+        for run in sorted(runs)
+    ]
+    await asyncio.wait_for(reporter.enough.wait(), 5)
+    tickers = [t for t in asyncio.all_tasks() - before if t.get_name() == "run-heartbeats"]
+    assert len(tickers) == 1
+    outcomes = await asyncio.gather(*running)
+    assert all(o.succeeded for o in outcomes), [o.error for o in outcomes]
+    for run, times in reporter.beat_times.items():
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert len(times) >= 2 and min(gaps) >= interval - 0.01, (run, gaps)
 
 
 async def test_a_handler_steers_its_retries() -> None:
