@@ -48,6 +48,7 @@ from bucketer.model import Timer
 from loadtest import figures
 from loadtest.figures import pct
 from loadtest.netns import SimulatedHost
+from loadtest.profiling import ProfilerMissing, WindowProfiler, find_jcmd, find_pyspy
 from loadtest.tally import ENV_DIR, Execution, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
@@ -498,6 +499,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         help="more schedules stored beside the firing ones, due once a year (not in the run): "
         "the firing cost and lag among 10 million stored schedules",
     )
+    p.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="profile the window's first SECONDS: py-spy of every Python process and JFR of "
+        "Cassandra, into loadtest/reports/profile-<token>/ (loadtest.profiling; the profilers' "
+        "own CPU makes the run's figures incomparable with an unprofiled run's)",
+    )
     args = p.parse_args(argv)
     if args.rate < 0:
         p.error("--rate: must be 0 (idle) or more firings per minute")
@@ -509,8 +519,18 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         not args.netns_pairs or not 0 <= args.kill_netns_after < args.minutes * 60
     ):
         p.error("--kill-netns-after: needs --netns-pairs and a time within the window")
+    if not 0 <= args.profile <= args.minutes * 60:
+        p.error(f"--profile: must be between 0 and the window ({args.minutes * 60:g} s)")
+    profiler: WindowProfiler | None = None
+    if args.profile:
+        try:
+            pyspy, jcmd = find_pyspy(), find_jcmd(LocalSettings.from_env().java)
+        except ProfilerMissing as e:
+            p.error(str(e))
 
     token = uuid.uuid4().hex[:8]
+    if args.profile:
+        profiler = WindowProfiler(REPORTS / f"profile-{token}", args.profile, pyspy, jcmd)
     api_port = _free_port()
     base = Config.from_env()
     config = replace(
@@ -641,6 +661,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             pids[svc] = pid
         relays = [pid for h in hosts for pid in h.relay_pids]
         relay0 = sum(cpu_seconds(pid) for pid in relays)
+        if profiler is not None:
+            profiler.start(pids)
         # A killed process keeps the CPU and counts it had when it was killed.
         last_cpu = {n: cpu_seconds(pid) for n, pid in pids.items()}
 
@@ -693,6 +715,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             samples.append((time.time(), cpu_now()))
         wall = time.monotonic() - wall0
         cpu1 = cpu_now()
+        profiled = profiler.finish() if profiler is not None else []
         relay_cpu = sum(cpu_seconds(pid) for pid in relays) - relay0
         rss = {n: _rss_mib(pid) for n, pid in pids.items() if killed_at is None or n not in remote}
         fired_at_end, cache_at_end = counts()
@@ -837,6 +860,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "- resident memory at the window's end: "
         + ", ".join(f"{n} {rss[n]:,.0f} MiB" for n in sorted(rss)),
         f"- the measured processes kept {busy:.0%} of one core busy on average",
+        *profiled,
         "",
         *(
             [
