@@ -14,6 +14,8 @@ run for ``--minutes`` after a warm-up minute, and measures:
 - firings in the window, from the dispatcher's ``cronscale_runs_enqueued_total``;
 - CPU seconds of every process (dispatchers, workers, api, Cassandra, Kafka) from /proc, and
   so CPU milliseconds per firing.
+- Cassandra's own count of its operations per firing, by table (loadtest.table_ops);
+- with ``--profile``, py-spy and JFR profiles of the window (loadtest.profiling).
 
 Writes ``loadtest/reports/firing-<time>.md`` and a CSV of the lags. Load stays on
 loopback and stops after ``--minutes``.
@@ -49,6 +51,7 @@ from loadtest import figures
 from loadtest.figures import pct
 from loadtest.netns import SimulatedHost
 from loadtest.profiling import ProfilerMissing, WindowProfiler, find_jcmd, find_pyspy
+from loadtest.table_ops import Counts, per_firing_ops, report_line, table_counts
 from loadtest.tally import ENV_DIR, Execution, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
@@ -207,6 +210,15 @@ def _service_pid(settings: LocalSettings, name: str) -> int | None:
     try:
         return int(settings.pid_file(name).read_text().split()[0])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def _ops(session: Session, keyspace: str) -> Counts | None:
+    """Cassandra's operation counts (None, said on stderr, if it cannot give them)."""
+    try:
+        return table_counts(session, keyspace)
+    except Exception as e:  # the report matters more than this line of it
+        print(f"could not read Cassandra's operation counts: {e}", file=sys.stderr)
         return None
 
 
@@ -616,6 +628,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             for svc, pid in services.items()
             if pid
         }
+    ops_session: Session | None = None
     try:
         start("api", "api", "--log-level", "WARNING")
         for i in range(args.dispatchers):
@@ -648,6 +661,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             lo = max(lo, herd_at - timedelta(minutes=1))
         hi = lo + timedelta(minutes=args.minutes)
+        # Cassandra's own operation counts at both ends of the window (loadtest.table_ops).
+        ops_session = connect(
+            config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+        )
         time.sleep(max(0.0, (lo - datetime.now(UTC)).total_seconds()))
         pids = {n: p.pid for n, p in procs.items()}
         for svc in ("cassandra", "kafka"):
@@ -688,6 +705,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 cache = {k: v + c[k] for k, v in cache.items()}
             return fired, cache
 
+        ops0 = _ops(ops_session, config.keyspace)
         cpu0 = cpu_now()
         fired0, cache0 = counts()
         wall0 = time.monotonic()
@@ -719,6 +737,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         relay_cpu = sum(cpu_seconds(pid) for pid in relays) - relay0
         rss = {n: _rss_mib(pid) for n, pid in pids.items() if killed_at is None or n not in remote}
         fired_at_end, cache_at_end = counts()
+        ops1 = _ops(ops_session, config.keyspace)
         fired = fired_at_end - fired0
         cache = {k: v - cache0[k] for k, v in cache_at_end.items()}
         # Let the window's last runs start (a backlog drains), then count from the handlers.
@@ -749,6 +768,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         herd_lost = [r for r in herd_lost if r not in skipped]
         window_skipped = {r: why for r, why in skipped.items() if r not in herd_skipped}
     finally:
+        if ops_session is not None:
+            ops_session.cluster.shutdown()
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
         for proc in procs.values():
@@ -773,6 +794,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         session.cluster.shutdown()
 
     cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
+    table_ops = per_firing_ops(ops0, ops1, fired) if ops0 is not None and ops1 is not None else None
     lost_host = failover(timeline, killed_at) if killed_at is not None else None
     per_firing = {n: 1000 * c / fired for n, c in cpu.items()} if fired else {}
     ours = sum(v for n, v in per_firing.items() if n not in ("cassandra", "kafka"))
@@ -860,6 +882,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "- resident memory at the window's end: "
         + ", ".join(f"{n} {rss[n]:,.0f} MiB" for n in sorted(rss)),
         f"- the measured processes kept {busy:.0%} of one core busy on average",
+        report_line(table_ops)
+        if table_ops is not None
+        else "- Cassandra's operation counts: unread",
         *profiled,
         "",
         *(
@@ -900,6 +925,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "lost": len(lost),
         "skipped_by_policy": len(window_skipped),
         "ran_twice": len(doubled),
+        "cassandra_ops_per_firing": table_ops,
         "lag_s": {
             "p50": pct(lags, 0.5),
             "p99": pct(lags, 0.99),

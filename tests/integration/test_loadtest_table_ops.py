@@ -1,0 +1,31 @@
+"""Cassandra's own operation counters, as the firing harness reads them (loadtest.table_ops)."""
+
+from __future__ import annotations
+
+from cassandra.cluster import Session
+
+from loadtest.table_ops import per_firing_ops, table_counts
+from scheduler.config import Config
+
+
+def test_a_write_a_read_and_a_lightweight_transaction_are_counted_by_table(
+    session: Session, migrated: Config
+) -> None:
+    ks = migrated.keyspace
+    before = table_counts(session, ks)
+    assert ("runs", "write") in before and ("schedules", "read") in before
+    session.execute(
+        f"INSERT INTO {ks}.schedule_changes (minute_bucket, changed_at, schedule_id) "
+        "VALUES (0, toTimestamp(now()), %s)",  # bucket 0: no cache reads that far back
+        ("table-ops-test",),
+    )
+    session.execute(f"SELECT * FROM {ks}.schedules WHERE schedule_id = %s", ("table-ops-test",))
+    session.execute(
+        f"INSERT INTO {ks}.dispatchers (grp, instance) VALUES (%s, %s) IF NOT EXISTS",
+        ("table-ops-test", "table-ops-test"),
+    )
+    after = table_counts(session, ks)
+    moved = per_firing_ops(before, after, fired=1)
+    assert moved["schedule_changes"]["write"] >= 1
+    assert moved["schedules"]["read"] >= 1
+    assert moved["system.paxos"]["write"] >= 1
