@@ -36,6 +36,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -178,9 +179,7 @@ def skipped_text(skipped: Mapping[str, str]) -> str:
     """ ", N skipped by their schedules' policy (misfire: N; e.g. <run ids>)", or ""."""
     if not skipped:
         return ""
-    reasons: dict[str, int] = {}
-    for why in skipped.values():
-        reasons[why] = reasons.get(why, 0) + 1
+    reasons = Counter(skipped.values())
     by_reason = ", ".join(f"{why}: {n:,}" for why, n in sorted(reasons.items()))
     return (
         f", **{len(skipped):,} skipped by their schedules' policy** ({by_reason}; recorded as "
@@ -403,19 +402,15 @@ def skipped_by_policy(unran: Sequence[str], runs: Mapping[str, Run]) -> dict[str
     }
 
 
-async def recorded_runs(config: Config, run_ids: Sequence[str]) -> dict[str, Run]:
-    """The run rows of ``run_ids`` (the first ``MAX_LOOKED_UP``) in the run's keyspace, read
-    200 at a time."""
-    session, schedules, _timers = _import_stores(config)
-    try:
-        store = CassandraRunStore(session, schedules)
-        found: dict[str, Run] = {}
-        wanted = run_ids[:MAX_LOOKED_UP]
-        for start in range(0, len(wanted), 200):
-            found.update(await store.get_many(wanted[start : start + 200]))
-        return found
-    finally:
-        session.cluster.shutdown()
+async def recorded_runs(session: Session, keyspace: str, run_ids: Sequence[str]) -> dict[str, Run]:
+    """The run rows of ``run_ids`` (the first ``MAX_LOOKED_UP``) in ``keyspace``, read 200 at
+    a time."""
+    store = CassandraRunStore(session, CassandraScheduleStore(session, keyspace=keyspace))
+    found: dict[str, Run] = {}
+    wanted = run_ids[:MAX_LOOKED_UP]
+    for start in range(0, len(wanted), 200):
+        found.update(await store.get_many(wanted[start : start + 200]))
+    return found
 
 
 def account(
@@ -628,7 +623,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             for svc, pid in services.items()
             if pid
         }
-    ops_session: Session | None = None
+    # The harness's own session: Cassandra's counters at both ends of the window, the run rows
+    # of slots no handler ran, and the keyspace's drop at the end.
+    cql: Session | None = None
     try:
         start("api", "api", "--log-level", "WARNING")
         for i in range(args.dispatchers):
@@ -661,8 +658,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             lo = max(lo, herd_at - timedelta(minutes=1))
         hi = lo + timedelta(minutes=args.minutes)
-        # Cassandra's own operation counts at both ends of the window (loadtest.table_ops).
-        ops_session = connect(
+        cql = connect(
             config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
         )
         time.sleep(max(0.0, (lo - datetime.now(UTC)).total_seconds()))
@@ -705,7 +701,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 cache = {k: v + c[k] for k, v in cache.items()}
             return fired, cache
 
-        ops0 = _ops(ops_session, config.keyspace)
+        ops0 = _ops(cql, config.keyspace)  # Cassandra's own counts (loadtest.table_ops)
         cpu0 = cpu_now()
         fired0, cache0 = counts()
         wall0 = time.monotonic()
@@ -737,7 +733,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         relay_cpu = sum(cpu_seconds(pid) for pid in relays) - relay0
         rss = {n: _rss_mib(pid) for n, pid in pids.items() if killed_at is None or n not in remote}
         fired_at_end, cache_at_end = counts()
-        ops1 = _ops(ops_session, config.keyspace)
+        ops1 = _ops(cql, config.keyspace)
         fired = fired_at_end - fired0
         cache = {k: v - cache0[k] for k, v in cache_at_end.items()}
         # Let the window's last runs start (a backlog drains), then count from the handlers.
@@ -759,7 +755,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         unran = [*lost, *herd_lost]
         runs: dict[str, Run] = {}
         try:
-            runs = asyncio.run(recorded_runs(config, unran)) if unran else {}
+            runs = asyncio.run(recorded_runs(cql, config.keyspace, unran)) if unran else {}
         except Exception as e:  # the report matters more: they count as lost, unread
             print(f"could not read the run rows of {len(unran):,} slots: {e}", file=sys.stderr)
         skipped = skipped_by_policy(unran, runs)
@@ -768,8 +764,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         herd_lost = [r for r in herd_lost if r not in skipped]
         window_skipped = {r: why for r, why in skipped.items() if r not in herd_skipped}
     finally:
-        if ops_session is not None:
-            ops_session.cluster.shutdown()
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
         for proc in procs.values():
@@ -787,11 +781,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             )
         except Exception as e:  # the run's own outcome matters more than its clean-up
             print(f"could not delete the topics {config.topic_prefix}.*: {e}", file=sys.stderr)
-        session = connect(
-            config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
-        )
-        session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
-        session.cluster.shutdown()
+        if cql is None:  # the run failed before the window
+            cql = connect(
+                config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+            )
+        cql.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
+        cql.cluster.shutdown()
 
     cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
     table_ops = per_firing_ops(ops0, ops1, fired) if ops0 is not None and ops1 is not None else None
