@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -243,10 +244,12 @@ def plan_fire(
             plan.skip(s, extra, SkipReason.MAX_RUNS)
         to_fire = to_fire[:allowed]
 
+    # Each slot's run id, named once: the run, its overlap check, its lease and its done note.
+    ids = [run_id_for(s.schedule_id, slot.at) for slot in to_fire]
     if to_fire:
         # A refire of these slots (the batch retried after a partial failure) finds their own
         # earlier attempt recorded: that is the same firing again, not another run in progress.
-        ours = {run_id_for(s.schedule_id, slot.at) for slot in to_fire}
+        ours = set(ids)
         decision = decide_overlap(
             s.policies.overlap,
             s.in_progress(now, stale_after=STALE_RUN, besides=ours),
@@ -255,25 +258,19 @@ def plan_fire(
         plan.cancel.extend(decision.cancel)
         if decision.action is OverlapAction.BUFFER:
             first, rest = to_fire[0], to_fire[1:]
-            plan.buffered.append(
-                (
-                    s,
-                    BufferedRun(run_id=run_id_for(s.schedule_id, first.at), scheduled_for=first.at),
-                )
-            )
+            plan.buffered.append((s, BufferedRun(run_id=ids[0], scheduled_for=first.at)))
             fired += 1
             for slot in rest:
                 plan.skip(s, slot, SkipReason.OVERLAP)
-            to_fire = []
+            to_fire, ids = [], []
         elif decision.action is OverlapAction.SKIP:
             for slot in to_fire:
                 plan.skip(s, slot, SkipReason.OVERLAP)
-            to_fire = []
+            to_fire, ids = [], []
 
     deferred = timedelta(milliseconds=f.deferred_ms) if f.deferred_ms else None
-    for slot in to_fire:
-        run = _run(s, run_id_for(s.schedule_id, slot.at), slot.at, now, deferred=deferred)
-        plan.enqueue.append((s, run))
+    for slot, run_id in zip(to_fire, ids, strict=True):
+        plan.enqueue.append((s, _run(s, run_id, slot.at, now, deferred=deferred)))
     fired += len(to_fire)
 
     nxt = None
@@ -294,7 +291,7 @@ def plan_fire(
     if lease_at is not None and len(to_fire) == 1 and nxt.at <= lease_at:
         lease = LeaseTimer(
             schedule_id=s.schedule_id,
-            run_id=run_id_for(s.schedule_id, to_fire[0].at),
+            run_id=ids[0],
             attempt=1,
             fire_at=lease_at,
             # The batch's enqueue instant, to the millisecond as the worker echoes it back.
@@ -310,9 +307,8 @@ def plan_fire(
         and s.policies.overlap is not OverlapMode.BUFFER_ONE
         and nxt.at - now > DONE_NOTE_LEAD
     ):
-        run_id = run_id_for(s.schedule_id, to_fire[0].at)
-        plan.note_on[run_id] = nxt.at
-        running = (run_id,)
+        plan.note_on[ids[0]] = nxt.at
+        running = (ids[0],)
     plan.next_timers.append(
         FireTimer(
             schedule_id=s.schedule_id,
@@ -561,12 +557,12 @@ class Firing:
         for f, timer in zip(fires, fire_timers, strict=True):
             s = schedules.get(f.schedule_id)
             if f.lease is not None:
-                # Resolved whatever becomes of the slot (fired, put off, superseded).
+                # Resolved whatever becomes of the slot (fired, put off, superseded): a timer
+                # put again below goes without it (``lease=None``).
                 self._resolve_carried(f.lease, s, timer, plan)
-                f = replace(f, lease=None)
             if change_in_flight(f, s, now):
                 # A create, update or resume in flight: its row lands right after this timer.
-                again = f.to_timer(self._timers.shard_count)
+                again = replace(f, lease=None).to_timer(self._timers.shard_count)
                 plan.next_timers.append(replace(again, fire_time=now + IN_FLIGHT_RECHECK))
                 metrics.TIMERS_RECHECKED.inc()
                 continue
@@ -576,7 +572,12 @@ class Firing:
             wait, capped = self._admit(s, plan, booked=f.deferred_ms > 0 and not f.capped)
             if wait:
                 at = now + timedelta(seconds=wait)
-                later = replace(f, deferred_ms=max(1, millis(at - f.scheduled_for)), capped=capped)
+                later = replace(
+                    f,
+                    deferred_ms=max(1, millis(at - f.scheduled_for)),
+                    capped=capped,
+                    lease=None,
+                )
                 plan.next_timers.append(later.to_timer(self._timers.shard_count))
                 continue
             before = len(plan.enqueue)
@@ -619,11 +620,14 @@ class Firing:
             await self._drop_delivered(plan, recheck)
         await self._apply(plan, now)
         done = self._clock()
-        for s, run in plan.enqueue:
-            metrics.RUNS_ENQUEUED.labels(tier=plan.limits.get(s.tenant, UNLIMITED).tier).inc()
+        # Counted by label, each label's child looked up once a batch rather than once a run.
+        tiers = Counter(plan.limits.get(s.tenant, UNLIMITED).tier for s, _ in plan.enqueue)
+        for tier, count in tiers.items():
+            metrics.RUNS_ENQUEUED.labels(tier=tier).inc(count)
+        for _s, run in plan.enqueue:
             metrics.FIRE_LAG.observe(max(0.0, (done - run.scheduled_for).total_seconds()))
-        for run in plan.skipped:
-            metrics.RUNS_SKIPPED.labels(reason=run.skip_reason).inc()
+        for reason, count in Counter(run.skip_reason for run in plan.skipped).items():
+            metrics.RUNS_SKIPPED.labels(reason=reason).inc(count)
         logger.debug(
             "fired %d runs, skipped %d in %.1f ms",
             len(plan.enqueue),

@@ -331,6 +331,10 @@ def fire_timer_place(schedule_id: str, fire_at: datetime, shard_count: int) -> T
     return _timer(FIRE, schedule_id, schedule_id, fire_at, {}, shard_count)
 
 
+# ``json.dumps`` with any argument builds a new encoder per call: one, built once.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _timer(
     kind: str, key: str, timer_id: str, fire_at: datetime, doc: dict[str, Any], shard_count: int
 ) -> Timer:
@@ -340,7 +344,7 @@ def _timer(
         shard=shard_of(key, shard_count),
         kind=kind,
         key=key,
-        data=json.dumps(doc, separators=(",", ":")).encode(),
+        data=_encode(doc).encode(),
     )
 
 

@@ -41,6 +41,7 @@ _SECOND = timedelta(seconds=1)
 # two offset changes less than 3 days apart, so each change shows up between two samples.
 _SAMPLE_STEP = timedelta(hours=6)
 _FIRST_YEAR, _LAST_YEAR = 3, 9997
+_FIRST_WALL = datetime(_FIRST_YEAR, 1, 1)
 # Names zoneinfo can load that would make evaluation depend on the host.
 _HOST_ZONES = frozenset({"localtime", "posixrules"})
 
@@ -140,6 +141,13 @@ def _transitions(zone: ZoneInfo, year: int) -> tuple[_Transition, ...]:
     return tuple(found)
 
 
+@lru_cache(maxsize=4096)
+def _has_gap(zone: ZoneInfo, year: int) -> bool:
+    """Whether ``zone`` springs forward (skips wall times) in the UTC calendar year: asked for
+    every slot fired, so answered once per zone-year."""
+    return any(t.after > t.before for t in _transitions(zone, year))
+
+
 @dataclass(frozen=True, slots=True)
 class _Segment:
     """A stretch of UTC time with one offset; wall times there map 1:1 onto instants."""
@@ -208,17 +216,13 @@ class CronSpec:
         Only ``GapPolicy.SKIP`` drops wall times; each is returned as a naive local wall time
         with the reason ``NOTE_GAP_SKIPPED``, so a caller can record it instead of losing it.
         """
-        start = max(
-            _require_aware(after, "after").replace(tzinfo=None), datetime(_FIRST_YEAR, 1, 1)
-        )
+        start = max(_require_aware(after, "after").replace(tzinfo=None), _FIRST_WALL)
         stop = _require_aware(until, "until").replace(tzinfo=None)
         skipped: list[tuple[datetime, str]] = []
         if self.gap is not GapPolicy.SKIP or start.year > _LAST_YEAR:
             return skipped
         if not any(
-            t.after > t.before
-            for year in range(start.year, min(stop.year, _LAST_YEAR) + 1)
-            for t in _transitions(self.zone, year)
+            _has_gap(self.zone, year) for year in range(start.year, min(stop.year, _LAST_YEAR) + 1)
         ):
             return skipped  # no gap in the span (UTC, or no spring-forward in these years)
         for segment in _segments(self.zone, start):
@@ -243,7 +247,7 @@ def _next_cron(spec: CronSpec, after: datetime) -> FireTime | None:
     if after.year > _LAST_YEAR:
         return None
     # Years 1-2 would overflow the offset arithmetic; nobody schedules in them.
-    naive_after = max(after.replace(tzinfo=None), datetime(_FIRST_YEAR, 1, 1))
+    naive_after = max(after.replace(tzinfo=None), _FIRST_WALL)
     pattern = spec.pattern
     first = True
     for segment in _segments(spec.zone, naive_after):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -177,3 +177,26 @@ async def test_an_unfinished_run_s_carried_lease_is_written_due_at_its_own_time(
     assert _leases(rig, s.schedule_id) == {f"{run_id}#lease1": carried.fire_at}
     # The superseded slot enqueued nothing: the one message is the first slot's.
     assert [m.run_id for m in await read_run_messages(rig.bootstrap, rig.topic)] == [run_id]
+
+
+async def test_a_fire_timer_put_again_does_not_carry_its_lease_again(rig: Rig) -> None:
+    """A timer whose change is still landing is looked at again later: the lease it carried
+    is resolved now (written, the run being unfinished), and the timer put again carries none,
+    so the lease is never resolved twice."""
+    s, first = await _every_second(rig)
+    await rig.firing.on_due([first])
+    slot = FireTimer.from_timer(first).slot
+    run_id = run_id_for(s.schedule_id, slot)
+    nxt = FireTimer.from_timer(_fire_timer_after(rig, s.schedule_id, slot))
+    assert nxt.lease is not None
+    # An update's first timer, minted after the row's generation, whose row has not landed.
+    landing = replace(nxt, generation=new_generation())
+    await rig.firing.on_due([landing.to_timer(rig.stores.timers.shard_count)])
+
+    assert _leases(rig, s.schedule_id) == {f"{run_id}#lease1": nxt.lease.fire_at}
+    (again,) = [
+        f
+        for f in (FireTimer.from_timer(t) for t in _timers_of(rig, s.schedule_id) if t.kind == FIRE)
+        if f.generation == landing.generation
+    ]
+    assert again.slot == nxt.slot and again.lease is None

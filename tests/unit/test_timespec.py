@@ -691,6 +691,18 @@ def test_skipped_between_reports_gap_wall_times() -> None:
     assert spec.skipped_between(utc("2026-03-08T07:00Z"), utc("2026-03-31T00:00Z")) == []
 
 
+def test_skipped_between_looks_at_every_year_of_its_span() -> None:
+    """A span from a year without a gap left in it into one with a gap finds the later gap
+    (whether a zone-year has a gap is answered once and kept, per zone and year)."""
+    spec = parse_cron("30 2 * * *", "America/New_York", gap=SKIP)
+    assert spec.skipped_between(utc("2025-12-01T00:00Z"), utc("2025-12-31T00:00Z")) == []
+    assert spec.skipped_between(utc("2025-12-01T00:00Z"), utc("2027-01-01T00:00Z")) == [
+        (datetime(2026, 3, 8, 2, 30), NOTE_GAP_SKIPPED)
+    ]
+    utc_spec = parse_cron("30 2 * * *", "UTC", gap=SKIP)
+    assert utc_spec.skipped_between(utc("2025-12-01T00:00Z"), utc("2027-01-01T00:00Z")) == []
+
+
 def test_parsed_specs_and_next_slots_are_cached() -> None:
     spec = parse_cron("0 0 * * *", "America/New_York")
     assert parse_cron("0 0 * * *", "America/New_York") is spec
