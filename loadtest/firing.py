@@ -528,16 +528,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--kill-netns-after: needs --netns-pairs and a time within the window")
     if not 0 <= args.profile <= args.minutes * 60:
         p.error(f"--profile: must be between 0 and the window ({args.minutes * 60:g} s)")
+    token = uuid.uuid4().hex[:8]
     profiler: WindowProfiler | None = None
     if args.profile:
         try:
             pyspy, jcmd = find_pyspy(), find_jcmd(LocalSettings.from_env().java)
         except ProfilerMissing as e:
             p.error(str(e))
-
-    token = uuid.uuid4().hex[:8]
-    if args.profile:
         profiler = WindowProfiler(REPORTS / f"profile-{token}", args.profile, pyspy, jcmd)
+
     api_port = _free_port()
     base = Config.from_env()
     config = replace(

@@ -12,7 +12,8 @@ firing as ``system.paxos`` writes (counted over the node: every keyspace's trans
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+from cassandra.cluster import Session
 
 OPS = ("read", "write", "scan")
 # Outside the benchmark's keyspace, only Paxos's own table: one write per round of a
@@ -23,7 +24,7 @@ Counts = dict[tuple[str, str], int]
 """An operation count by (table, operation)."""
 
 
-def table_counts(session: Any, keyspace: str) -> Counts:
+def table_counts(session: Session, keyspace: str) -> Counts:
     """Cassandra's counts of each operation on each table of ``keyspace``, and on Paxos's."""
     out: Counts = {}
     for op in OPS:
