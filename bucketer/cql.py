@@ -15,8 +15,9 @@ import re
 import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from cassandra import (
     ConsistencyLevel,
@@ -34,6 +35,8 @@ from cassandra.cluster import (
     ResponseFuture,
     Session,
 )
+from cassandra.cqltypes import DateType
+from cassandra.marshal import int64_pack
 from cassandra.policies import (
     DCAwareRoundRobinPolicy,
     ExponentialReconnectionPolicy,
@@ -337,6 +340,33 @@ def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Sequence[An
     return lambda params: ()
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+
+
+def serialize_timestamp(value: Any, protocol_version: int) -> bytes:
+    """``DateType.serialize`` (a ``timestamp`` column), the same bytes for every value, a
+    third of its cost for a ``datetime``: the driver converts through ``utctimetuple`` and
+    ``calendar.timegm`` (1.6 µs a value on the development box; ~0.5 µs here). A firing binds
+    about eight timestamps. The milliseconds are computed by the driver's own formula (float
+    and truncation included), so a far-future or pre-1970 instant lands on the same millisecond.
+    """
+    if type(value) is datetime:
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        try:
+            seconds = (moment - _EPOCH) // _SECOND
+        except OverflowError:  # an offset pushing it outside years 1-9999: the driver's error
+            return cast(bytes, DateType.serialize(value, protocol_version))
+        return cast(bytes, int64_pack(int(seconds * 1e3 + value.microsecond / 1e3)))
+    return cast(bytes, DateType.serialize(value, protocol_version))
+
+
+def _serializer(cql_type: Any) -> Callable[[Any, int], bytes]:
+    if cql_type.serialize is DateType.serialize:  # DateType, TimestampType
+        return serialize_timestamp
+    return cast(Callable[[Any, int], bytes], cql_type.serialize)
+
+
 _bindings: dict[int, tuple[PreparedStatement, _Binding]] = {}
 
 
@@ -349,7 +379,7 @@ def _binding(stmt: PreparedStatement) -> _Binding:
         names = tuple(c.name for c in meta)
         binding = _Binding(
             names,
-            tuple(c.type.serialize for c in meta),
+            tuple(_serializer(c.type) for c in meta),
             tuple(stmt.routing_key_indexes or ()),
             stmt.protocol_version,
             _picker(names),

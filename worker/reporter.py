@@ -56,13 +56,11 @@ _OUTCOMES = frozenset(
 )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
     event: pb.RunEvent
-    future: asyncio.Future[pb.RunEventAck] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    queued_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    future: asyncio.Future[pb.RunEventAck]
+    queued_at: float
     # Callers whose events were merged into this one (a STARTED absorbed by its outcome).
     merged: list[asyncio.Future[pb.RunEventAck]] = field(default_factory=list)
 
@@ -161,17 +159,19 @@ class RunReporter:
         """
         if self._task is None or self._closing:
             raise RuntimeError("the reporter is not running")
+        loop = asyncio.get_running_loop()
         if event.kind in _OUTCOMES:
             start = self._unsent_starts.pop(_run_key(event), None)
             if start is not None:
+                # The outcome goes out in the STARTED's place, carrying its start time.
                 merged = pb.RunEvent()
                 merged.CopyFrom(event)
                 merged.start_time.CopyFrom(start.event.event_time)
                 start.event = merged
-                mine: asyncio.Future[pb.RunEventAck] = asyncio.get_running_loop().create_future()
+                mine: asyncio.Future[pb.RunEventAck] = loop.create_future()
                 start.merged.append(mine)
                 return mine
-        pending = _Pending(event)
+        pending = _Pending(event, loop.create_future(), loop.time())
         if event.kind == pb.RUN_EVENT_KIND_STARTED:
             self._unsent_starts[_run_key(event)] = pending
         self._queue.append(pending)

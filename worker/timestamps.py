@@ -34,7 +34,20 @@ def from_timestamp(field: Timestamp) -> datetime:
     try:
         return _EPOCH + timedelta(seconds=field.seconds, microseconds=field.nanos // 1000)
     except OverflowError:
-        raise ValueError(
-            f"Timestamp is not valid: Seconds {field.seconds} must be in range "
-            "[-62135596800, 253402300799]."
-        ) from None
+        raise _out_of_range(field) from None
+
+
+def from_timestamp_ms(field: Timestamp) -> datetime:
+    """``from_timestamp(field)`` truncated to the millisecond (as Cassandra keeps an instant, and
+    ``scheduler.model.to_millisecond`` cuts one), in one step instead of two."""
+    try:
+        return _EPOCH + timedelta(seconds=field.seconds, milliseconds=field.nanos // 1_000_000)
+    except OverflowError:
+        raise _out_of_range(field) from None
+
+
+def _out_of_range(field: Timestamp) -> ValueError:
+    return ValueError(
+        f"Timestamp is not valid: Seconds {field.seconds} must be in range "
+        "[-62135596800, 253402300799]."
+    )

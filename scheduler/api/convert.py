@@ -26,10 +26,9 @@ from scheduler.model import (
     ScheduleSpec,
     ScheduleState,
     SpecKind,
-    to_millisecond,
 )
 from scheduler.timespec import GapPolicy, OverlapPolicy
-from worker.timestamps import from_timestamp, set_timestamp
+from worker.timestamps import from_timestamp_ms, set_timestamp
 
 _STATE = {
     ScheduleState.ACTIVE: schedule_pb2.SCHEDULE_STATE_ACTIVE,
@@ -276,7 +275,7 @@ def ts(t: datetime | None) -> Timestamp | None:
 def from_ts(t: Timestamp) -> datetime:
     """An instant from the wire, truncated to the millisecond: Cassandra keeps milliseconds,
     and run ids name the slot to the millisecond."""
-    return to_millisecond(from_timestamp(t))
+    return from_timestamp_ms(t)
 
 
 def duration(d: timedelta | None) -> Duration | None:

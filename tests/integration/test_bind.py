@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from cassandra.cluster import Session
@@ -117,3 +118,20 @@ def test_bad_values_get_the_drivers_errors(queries: tuple[Queries, Queries]) -> 
         bind(stmt, (29000000, 3, NOW, "f:s1:1", "fire", "s1", b"", 60, 1))
     with pytest.raises(ValueError, match="routing key"):
         bind(stmt, (UNSET_VALUE, 3, NOW, "f:s1:1", "fire", "s1", b"", 60))
+
+
+def test_timestamps_bind_as_the_driver_binds_them(queries: tuple[Queries, Queries]) -> None:
+    # insert_run's two timestamp columns go through bucketer.cql.serialize_timestamp.
+    runs, _timers = queries
+    stmt = runs["insert_run"]
+    zone = ZoneInfo("America/New_York")
+    for moment in (
+        NOW,
+        NOW.replace(tzinfo=None),  # naive: taken as UTC, as the driver takes it
+        NOW.astimezone(zone),
+        datetime(1969, 12, 31, 23, 59, 59, 999500, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(1, 1, 1, tzinfo=UTC),
+    ):
+        values = (*RUN_ROW[:2], moment, *RUN_ROW[3:9], moment, *RUN_ROW[10:])
+        assert bind(stmt, values).values == stmt.bind(values).values, moment

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from worker.timestamps import from_timestamp, set_timestamp
+from scheduler.model import to_millisecond
+from worker.timestamps import from_timestamp, from_timestamp_ms, set_timestamp
 
 
 def test_conversions_agree_with_the_library_across_eras_and_zones() -> None:
@@ -40,3 +41,14 @@ def test_an_instant_outside_years_1_to_9999_is_refused_as_the_library_refuses_it
     for seconds in (253_402_300_800, -62_135_596_801, 10**12):
         with pytest.raises(ValueError, match=f"Seconds {seconds} must be in range"):
             from_timestamp(Timestamp(seconds=seconds))
+
+
+def test_the_millisecond_form_is_the_instant_cut_to_the_millisecond() -> None:
+    rng = random.Random(11)
+    for _ in range(5000):
+        ts = Timestamp(
+            seconds=rng.randrange(-62135596800, 253402300799), nanos=rng.randrange(0, 10**9)
+        )
+        assert from_timestamp_ms(ts) == to_millisecond(from_timestamp(ts)), ts
+    with pytest.raises(ValueError, match="Seconds 253402300800 must be in range"):
+        from_timestamp_ms(Timestamp(seconds=253402300800))
