@@ -8,11 +8,18 @@ import logging
 import random
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    TopicAlreadyExistsError,
+)
+from aiokafka.partitioner import DefaultPartitioner, murmur2
+from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.metadata import MetadataRequest
 
 from cronscale.v1 import run_message_pb2
@@ -27,6 +34,29 @@ RUN_MESSAGE_SCHEMA_VERSION = 1
 # A batch's sends must be acknowledged within this (above the 10 s request timeout, which
 # covers one request, not a wait for metadata or buffer space on a broken connection).
 SEND_DEADLINE = 15.0
+
+
+_DEFAULT_PARTITIONER = DefaultPartitioner()
+
+
+class KeyPartitioner:
+    """aiokafka's ``DefaultPartitioner`` (a key's murmur2, as the Java client's default), with
+    each key's hash kept: a schedule's runs are produced every slot under the same key, and the
+    pure-Python murmur2 cost ~3 µs a message. Keeps at most ``keys`` hashes (then starts over)."""
+
+    def __init__(self, keys: int = 1 << 18) -> None:
+        self._keys = keys
+        self._hashes: dict[bytes, int] = {}
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return cast(int, _DEFAULT_PARTITIONER(key, all_partitions, available))
+        h = self._hashes.get(key)
+        if h is None:
+            if len(self._hashes) >= self._keys:
+                self._hashes.clear()
+            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return all_partitions[h % len(all_partitions)]
 
 
 class Keyed(Protocol):
@@ -90,11 +120,13 @@ class KafkaRunQueue:
         self._linger_ms = linger_ms
         self._security = security or KafkaSecurity()
         self._stale = False
+        self._partitioner = KeyPartitioner()
         self._producer = self._new_producer()
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
             bootstrap_servers=self._bootstrap,
+            partitioner=self._partitioner,
             acks="all",
             enable_idempotence=True,
             linger_ms=self._linger_ms,
@@ -159,18 +191,37 @@ class KafkaRunQueue:
             raise
 
     async def _send(self, topic: str, messages: Sequence[Keyed]) -> None:
-        futures = []
+        """One record batch per partition (more if one fills up), each submitted whole: a
+        ``send()`` per message cost the dispatcher ~27 µs of CPU a message against ~20 µs this
+        way (its own coroutine, partitioning and future per message). The partition is the one
+        ``send()`` would choose (the key's murmur2, as the Java client's), batches of one
+        partition are submitted in order, and the idempotent producer sequences them as it does
+        its own."""
+        producer = self._producer
+        partitions = list(await producer.partitions_for(topic))
+        batches: dict[int, list[BatchBuilder]] = {}
         for m in messages:
+            key = m.schedule_id.encode()
+            value = m.SerializeToString()
             headers = [("cronscale-run-id", m.run_id.encode())]
-            futures.append(
-                await self._producer.send(
-                    topic,
-                    value=m.SerializeToString(),
-                    key=m.schedule_id.encode(),
-                    headers=headers,
-                )
-            )
-        await asyncio.gather(*futures)
+            partition = self._partitioner(key, partitions, partitions)
+            open_ = batches.get(partition)
+            if open_ is None:
+                open_ = batches[partition] = [producer.create_batch()]
+            if open_[-1].append(key=key, value=value, timestamp=None, headers=headers) is None:
+                fresh = producer.create_batch()  # the last one is full
+                open_.append(fresh)
+                if fresh.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    raise MessageSizeTooLargeError(
+                        f"run message {m.run_id} ({len(value)} bytes) does not fit a batch"
+                    )
+
+        async def submit(partition: int, builders: list[BatchBuilder]) -> list[Any]:
+            # A partition's next batch waits for its previous one to leave the accumulator.
+            return [await producer.send_batch(b, topic, partition=partition) for b in builders]
+
+        sent = await asyncio.gather(*(submit(p, bs) for p, bs in batches.items()))
+        await asyncio.gather(*(f for futures in sent for f in futures))
 
     async def _restart(self) -> None:
         logger.warning("replacing the Kafka producer after a send passed its deadline")

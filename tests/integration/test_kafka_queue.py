@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
 
 from cronscale.v1 import run_message_pb2
@@ -52,6 +53,86 @@ async def test_enqueue_produces_versioned_messages(config: Config) -> None:
     for sid in ("s0", "s1", "s2"):
         ordered = [m.run_id for _, m in got if m.schedule_id == sid]
         assert ordered == [m.run_id for m in sent if m.schedule_id == sid]
+
+
+async def _consume(config: Config, topic: str, count: int) -> list[tuple[int, bytes, bytes]]:
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=config.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{topic}.check",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
+    await consumer.start()
+    got: list[tuple[int, bytes, bytes]] = []
+    try:
+        while len(got) < count:
+            batch = await consumer.getmany(timeout_ms=5000)
+            assert batch, "timed out waiting for run messages"
+            for records in batch.values():
+                for rec in records:
+                    assert rec.key is not None and rec.value is not None
+                    got.append((rec.partition, rec.key, rec.value))
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_each_message_goes_to_its_keys_partition_as_send_would_put_it(
+    config: Config,
+) -> None:
+    """A batch per partition puts every message where a producer's own ``send()`` (and the Java
+    client's default partitioner) puts its key: tools and other producers agree on it."""
+    topic = config.topic("partitioned")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=7)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    try:
+        sent = [
+            run_message_pb2.RunMessage(
+                schema_version=1, run_id=f"sched-{i}@r", schedule_id=f"sched-{i}", handler="echo"
+            )
+            for i in range(200)
+        ]
+        await queue.enqueue(topic, sent)
+        await queue.enqueue(topic, sent[:50])  # the keys' hashes come from the cache now
+    finally:
+        await queue.stop()
+    got = await _consume(config, topic, 250)
+    partitions = list(range(7))
+    for partition, key, _ in got:
+        assert partition == DefaultPartitioner()(key, partitions, partitions), key
+
+
+async def test_a_partition_fuller_than_one_batch_keeps_its_order(config: Config) -> None:
+    """Messages of one partition over several record batches (256 KiB each) arrive whole and
+    in the order they were given."""
+    topic = config.topic("large")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=2)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    try:
+        sent = [
+            run_message_pb2.RunMessage(
+                schema_version=1,
+                run_id=f"big@r{i}",
+                schedule_id="big",
+                handler="echo",
+                payload=bytes([i]) * 100_000,
+            )
+            for i in range(8)
+        ]
+        await queue.enqueue(topic, sent)
+    finally:
+        await queue.stop()
+    got = await _consume(config, topic, len(sent))
+    assert [run_message_pb2.RunMessage.FromString(v).run_id for _, _, v in got] == [
+        m.run_id for m in sent
+    ]
+    assert [run_message_pb2.RunMessage.FromString(v).payload for _, _, v in got] == [
+        m.payload for m in sent
+    ]
 
 
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:
