@@ -5,8 +5,8 @@
 path) and writes, in ``loadtest/reports/profile-<token>/``:
 
 - ``<process>.pyspy.txt``: py-spy's collapsed stacks (``-f raw``, 100 samples a second, of
-  the thread holding the GIL), and ``<process>.top.txt``: the functions with the largest shares of its samples,
-  their own (self) and with what they call (inclusive);
+  the thread holding the GIL), and ``<process>.top.txt``: the functions with the largest
+  shares of its samples, their own (self) and with what they call (inclusive);
 - ``cassandra.jfr``: a JFR recording (``settings=profile``); read with
   ``jfr print --events jdk.ExecutionSample --stack-depth 200 cassandra.jfr``, or open in JDK
   Mission Control. Not Kafka's: recorded the same way it spent ten times its usual CPU (0.15
