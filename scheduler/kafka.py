@@ -42,9 +42,11 @@ _DEFAULT_PARTITIONER = DefaultPartitioner()
 class KeyPartitioner:
     """aiokafka's ``DefaultPartitioner`` (a key's murmur2, as the Java client's default), with
     each key's hash kept: a schedule's runs are produced every slot under the same key, and the
-    pure-Python murmur2 cost ~3 µs a message. Keeps at most ``keys`` hashes (then starts over)."""
+    pure-Python murmur2 cost ~3 µs a message. Keeps at most ``keys`` hashes, then starts over
+    (~140 bytes a key: ~18 MiB full at the default, which holds the 100,000 schedules of a
+    dispatcher firing 100,000 a minute)."""
 
-    def __init__(self, keys: int = 1 << 18) -> None:
+    def __init__(self, keys: int = 1 << 17) -> None:
         self._keys = keys
         self._hashes: dict[bytes, int] = {}
 
