@@ -456,6 +456,11 @@ async def write_grouped(
     share of a request instead of a round trip each. A partition's rows stay in one batch, so
     they are applied atomically.
     """
+    await run_bounded(session, grouped_batches(session, items), in_flight=in_flight)
+
+
+def grouped_batches(session: Session, items: Iterable[Write]) -> list[BatchStatement]:
+    """The unlogged batches :func:`write_grouped` sends for ``items``, bound and grouped."""
     by_replica: dict[Any, list[list[BoundStatement]]] = {}
     metadata = session.cluster.metadata
     for group in partition_groups(items).values():
@@ -482,7 +487,7 @@ async def write_grouped(
                 rows += len(chunk)
         if rows:
             batches.append(batch)
-    await run_bounded(session, batches, in_flight=in_flight)
+    return batches
 
 
 async def run_bounded(session: Session, statements: Sequence[Any], *, in_flight: int) -> None:

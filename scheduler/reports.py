@@ -79,7 +79,7 @@ class RunReports:
         if done:
             events = [e for e in events if not (e.check_done and e.run_id in done)]
         now = self._clock()
-        await self._runs.record_events(events, now=now, also=self._settle(events, now))
+        await self._runs.record_events(events, now=now, also=self.settle_rows(events, now))
         # A run whose message said nothing follows its end (no dependents, no held-back run)
         # costs no schedule read here, unless it failed (its retry policy is on the schedule).
         finished = [e for e in events if e.status in _TERMINAL and e.follow_up is not FollowUp.NONE]
@@ -95,7 +95,7 @@ class RunReports:
         cancel = await self._runs.cancel_requested(beats) if beats else set()
         return Recorded(cancel=cancel, done=done)
 
-    def _settle(self, events: Sequence[RunEventRecord], now: datetime) -> list[Write]:
+    def settle_rows(self, events: Sequence[RunEventRecord], now: datetime) -> list[Write]:
         """Items settling finished attempts' lease timers, and noting on their schedules' next
         fire timers the runs that ended (``RunEventRecord.done_noted_on_timer``; the store
         then leaves the schedule row alone)."""

@@ -1,0 +1,220 @@
+"""The Python of the firing path's busiest steps, timed in this process (microbenchmarks).
+
+    python -m loadtest.hot_path --events 1000 --messages 20000
+
+The firing benchmark (``loadtest.firing``) measures every process together, and this box's
+slow and quiet spells move its figures by 10-30 %: more than a change of a few microseconds a
+firing. These steps are timed alone, with the process CPU clock, against the local stack
+(``cronscale local up``), in a keyspace and a topic of their own, dropped at the end:
+
+- ``report``: the api's Python for ``--events`` worker reports (a short run's merged
+  STARTED+SUCCEEDED, its next fire timer named): decoding each (``event_from_proto``), building
+  its run row and the done note on its schedule's next fire timer, and binding both;
+- ``grouped write``: the dispatcher's grouped write of a firing batch of ``--events`` ENQUEUED
+  run rows and next fire timers, bound and batched (``bucketer.cql.grouped_batches``; the
+  batches are not sent, so Cassandra's share is not in it);
+- ``produce``: ``KafkaRunQueue.enqueue`` of ``--messages`` run messages in slices of 170 (a
+  100 ms release at 100,000 firings a minute) to a 12-partition topic, acknowledgements
+  included; the first pass hashes every key, later ones find the hashes kept.
+
+Each prints the third best of ``--repeat`` passes (the others are the box's noise), in µs per
+event, firing or message. Compare two commits by running this from a worktree of each,
+alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from bucketer.cql import bind, grouped_batches
+from bucketer.model import Timer
+from cronscale.v1 import run_message_pb2
+from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
+from ops.migrate import migrate
+from scheduler.api.convert import event_from_proto
+from scheduler.config import Config
+from scheduler.kafka import KafkaRunQueue, delete_topics, ensure_topics
+from scheduler.model import Run, RunStatus, run_id_for
+from scheduler.reports import RunReports
+from scheduler.retries import Failures
+from scheduler.session import Stores, open_stores
+from worker.timestamps import set_timestamp
+
+RELEASE = 170  # run messages in one 100 ms release at 100,000 firings a minute
+PARTITIONS = 12
+
+
+def third_best(
+    step: Callable[[], object], repeat: int, clock: Callable[[], float] = time.process_time
+) -> float:
+    """The third best process-CPU time of ``repeat`` calls of ``step`` (the best if fewer)."""
+    times = []
+    for _ in range(repeat):
+        t0 = clock()
+        step()
+        times.append(clock() - t0)
+    times.sort()
+    return times[min(2, len(times) - 1)]
+
+
+def report_events(count: int, now: datetime) -> list[rr_pb2.RunEvent]:
+    """``count`` merged STARTED+SUCCEEDED events, as a worker reports short runs."""
+    events = []
+    for i in range(count):
+        sid = str(uuid.uuid4())
+        slot = now.replace(microsecond=0) - timedelta(seconds=i % 60)
+        e = rr_pb2.RunEvent(
+            run_id=run_id_for(sid, slot),
+            schedule_id=sid,
+            attempt=1,
+            worker_id="hot-path",
+            kind=rr_pb2.RUN_EVENT_KIND_SUCCEEDED,
+            follow_up=run_message_pb2.FOLLOW_UP_NONE,
+        )
+        for name, at in (
+            ("scheduled_for", slot),
+            ("enqueue_time", slot),
+            ("next_fire_time", slot + timedelta(minutes=1)),
+            ("start_time", now),
+            ("event_time", now),
+        ):
+            set_timestamp(getattr(e, name), at)
+        events.append(e)
+    return events
+
+
+def time_report(stores: Stores, count: int, repeat: int) -> float:
+    """µs of the api's Python per reported event (see the module's docstring)."""
+    now = datetime.now(UTC)
+    events = report_events(count, now)
+    reports = RunReports(
+        schedules=stores.schedules,
+        runs=stores.runs,
+        timers=stores.timers,
+        failures=Failures(
+            schedules=stores.schedules,
+            runs=stores.runs,
+            timers=stores.timers,
+            dead_letters=stores.dead_letters,
+        ),
+    )
+
+    def step() -> None:
+        records = [event_from_proto(e, i, now=now) for i, e in enumerate(events)]
+        rows = stores.runs.event_rows(records, now=now) + reports.settle_rows(records, now)
+        for _, statement, params in rows:
+            bind(statement, params)
+
+    return 1e6 * third_best(step, repeat) / count
+
+
+def time_grouped_write(stores: Stores, count: int, repeat: int) -> float:
+    """µs of the dispatcher's Python per firing for its grouped write (run row, next timer)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    runs, timers = [], []
+    for i in range(count):
+        sid = str(uuid.uuid4())
+        runs.append(
+            Run(
+                run_id=run_id_for(sid, now),
+                schedule_id=sid,
+                scheduled_for=now,
+                status=RunStatus.ENQUEUED,
+                handler="loadtest.tally",
+                enqueue_time=now,
+            )
+        )
+        timers.append(
+            Timer(
+                fire_time=now + timedelta(minutes=1, seconds=i % 60),
+                timer_id=f"f:{sid}",
+                shard=i % stores.timers.shard_count,
+                kind="fire",
+                key=sid,
+                data=b'{"g":"0123456789abcdef","r":"x"}',
+                stamp=1,
+            )
+        )
+
+    def step() -> None:
+        items = stores.runs.insert_rows(runs) + stores.timers.rows(timers, now=now)
+        grouped_batches(stores.session, items)
+
+    return 1e6 * third_best(step, repeat) / count
+
+
+async def time_produce(bootstrap: str, topic: str, count: int, repeat: int) -> list[float]:
+    """µs of this process's CPU per run message produced, for each of ``repeat`` passes."""
+    messages = []
+    for _ in range(count):
+        sid = str(uuid.uuid4())
+        m = run_message_pb2.RunMessage(
+            schema_version=1,
+            run_id=run_id_for(sid, datetime(2026, 12, 6, tzinfo=UTC)),
+            schedule_id=sid,
+            tenant="default",
+            handler="loadtest.tally",
+            attempt=1,
+        )
+        m.scheduled_for.seconds = 1_796_515_200
+        messages.append(m)
+    queue = KafkaRunQueue(bootstrap)
+    await queue.start()
+    try:
+        await queue.enqueue(topic, messages[:1])  # connected, the topic's metadata known
+        passes = []
+        for _ in range(repeat):
+            t0 = time.process_time()
+            for start in range(0, count, RELEASE):
+                await queue.enqueue(topic, messages[start : start + RELEASE])
+            passes.append(1e6 * (time.process_time() - t0) / count)
+        return passes
+    finally:
+        await queue.stop()
+
+
+async def _run(config: Config, events: int, messages: int, repeat: int) -> None:
+    stores = await open_stores(config)
+    try:
+        print(f"report          {time_report(stores, events, repeat):6.1f} µs an event")
+        print(f"grouped write   {time_grouped_write(stores, events, repeat):6.1f} µs a firing")
+    finally:
+        stores.session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
+        stores.close()
+    topic = config.topic()
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=PARTITIONS)
+    try:
+        passes = await time_produce(config.kafka_bootstrap, topic, messages, max(2, repeat // 5))
+    finally:
+        await delete_topics(config.kafka_bootstrap, config.topic_prefix)
+    shown = ", ".join(f"{p:.1f}" for p in passes)
+    print(f"produce         {passes[-1]:6.1f} µs a message (passes: {shown})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.hot_path", description=(__doc__ or "").split("\n")[0]
+    )
+    p.add_argument("--events", type=int, default=1000, help="reports, and firings of a batch")
+    p.add_argument("--messages", type=int, default=20_000, help="run messages produced a pass")
+    p.add_argument("--repeat", type=int, default=15, help="passes of each step")
+    args = p.parse_args(argv)
+    for name in ("events", "messages", "repeat"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    token = uuid.uuid4().hex[:8]
+    config = replace(Config.from_env(), keyspace=f"cs_hot_{token}", topic_prefix=f"hot-{token}")
+    print(f"keyspace {config.keyspace} and topics {config.topic_prefix}.* (dropped at the end)")
+    migrate(config, out=lambda _line: None)
+    asyncio.run(_run(config, args.events, args.messages, args.repeat))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
