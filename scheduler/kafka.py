@@ -194,11 +194,12 @@ class KafkaRunQueue:
 
     async def _send(self, topic: str, messages: Sequence[Keyed]) -> None:
         """One record batch per partition (more if one fills up), each submitted whole: a
-        ``send()`` per message cost the dispatcher ~27 µs of CPU a message against ~20 µs this
-        way (its own coroutine, partitioning and future per message). The partition is the one
+        ``send()`` per message (a coroutine, a partitioning and a future each) cost the
+        dispatcher 31-33 µs of CPU a message against 13-14 µs this way, its keys' hashes kept
+        (2026-12-06; ``python -m loadtest.hot_path`` measures it). The partition is the one
         ``send()`` would choose (the key's murmur2, as the Java client's), batches of one
-        partition are submitted in order, and the idempotent producer sequences them as it does
-        its own."""
+        partition are submitted in order, and the idempotent producer sequences them as it
+        does its own."""
         producer = self._producer
         partitions = list(await producer.partitions_for(topic))
         batches: dict[int, list[BatchBuilder]] = {}
