@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
@@ -11,51 +13,8 @@ from scheduler.config import Config
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 
 
-async def test_enqueue_produces_versioned_messages(config: Config) -> None:
-    topic = config.topic()
-    await ensure_topics(config.kafka_bootstrap, [topic], partitions=3)
-    await ensure_topics(config.kafka_bootstrap, [topic], partitions=3)  # idempotent
-    queue = KafkaRunQueue(config.kafka_bootstrap)
-    await queue.start()
-    try:
-        sent = [
-            run_message_pb2.RunMessage(
-                schema_version=1, run_id=f"s{i % 3}@r{i}", schedule_id=f"s{i % 3}", handler="echo"
-            )
-            for i in range(30)
-        ]
-        await queue.enqueue(topic, sent)
-    finally:
-        await queue.stop()
-
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=config.kafka_bootstrap,
-        auto_offset_reset="earliest",
-        group_id=f"{topic}.check",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        got: list[tuple[bytes, run_message_pb2.RunMessage]] = []
-        while len(got) < len(sent):
-            batch = await consumer.getmany(timeout_ms=5000)
-            assert batch, "timed out waiting for run messages"
-            for records in batch.values():
-                for rec in records:
-                    assert rec.key is not None and rec.value is not None
-                    got.append((rec.key, run_message_pb2.RunMessage.FromString(rec.value)))
-    finally:
-        await consumer.stop()
-    assert sorted(m.run_id for _, m in got) == sorted(m.run_id for m in sent)
-    assert all(key.decode() == m.schedule_id for key, m in got)
-    # One schedule's runs stay in order: they share a partition.
-    for sid in ("s0", "s1", "s2"):
-        ordered = [m.run_id for _, m in got if m.schedule_id == sid]
-        assert ordered == [m.run_id for m in sent if m.schedule_id == sid]
-
-
 async def _consume(config: Config, topic: str, count: int) -> list[tuple[int, bytes, bytes]]:
+    """The first ``count`` records of ``topic``, as (partition, key, value), in arrival order."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=config.kafka_bootstrap,
@@ -79,6 +38,43 @@ async def _consume(config: Config, topic: str, count: int) -> list[tuple[int, by
     return got
 
 
+async def _produce(
+    config: Config, topic: str, *slices: Sequence[run_message_pb2.RunMessage]
+) -> None:
+    """Enqueues each of ``slices`` in turn through one run queue."""
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    try:
+        for messages in slices:
+            await queue.enqueue(topic, messages)
+    finally:
+        await queue.stop()
+
+
+async def test_enqueue_produces_versioned_messages(config: Config) -> None:
+    topic = config.topic()
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=3)
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=3)  # idempotent
+    sent = [
+        run_message_pb2.RunMessage(
+            schema_version=1, run_id=f"s{i % 3}@r{i}", schedule_id=f"s{i % 3}", handler="echo"
+        )
+        for i in range(30)
+    ]
+    await _produce(config, topic, sent)
+
+    got = [
+        (key, run_message_pb2.RunMessage.FromString(value))
+        for _, key, value in await _consume(config, topic, len(sent))
+    ]
+    assert sorted(m.run_id for _, m in got) == sorted(m.run_id for m in sent)
+    assert all(key.decode() == m.schedule_id for key, m in got)
+    # One schedule's runs stay in order: they share a partition.
+    for sid in ("s0", "s1", "s2"):
+        ordered = [m.run_id for _, m in got if m.schedule_id == sid]
+        assert ordered == [m.run_id for m in sent if m.schedule_id == sid]
+
+
 async def test_each_message_goes_to_its_keys_partition_as_send_would_put_it(
     config: Config,
 ) -> None:
@@ -86,19 +82,13 @@ async def test_each_message_goes_to_its_keys_partition_as_send_would_put_it(
     client's default partitioner) puts its key: tools and other producers agree on it."""
     topic = config.topic("partitioned")
     await ensure_topics(config.kafka_bootstrap, [topic], partitions=7)
-    queue = KafkaRunQueue(config.kafka_bootstrap)
-    await queue.start()
-    try:
-        sent = [
-            run_message_pb2.RunMessage(
-                schema_version=1, run_id=f"sched-{i}@r", schedule_id=f"sched-{i}", handler="echo"
-            )
-            for i in range(200)
-        ]
-        await queue.enqueue(topic, sent)
-        await queue.enqueue(topic, sent[:50])  # the keys' hashes come from the cache now
-    finally:
-        await queue.stop()
+    sent = [
+        run_message_pb2.RunMessage(
+            schema_version=1, run_id=f"sched-{i}@r", schedule_id=f"sched-{i}", handler="echo"
+        )
+        for i in range(200)
+    ]
+    await _produce(config, topic, sent, sent[:50])  # the second from the keys' hashes kept
     got = await _consume(config, topic, 250)
     partitions = list(range(7))
     for partition, key, _ in got:
@@ -110,22 +100,17 @@ async def test_a_partition_fuller_than_one_batch_keeps_its_order(config: Config)
     in the order they were given."""
     topic = config.topic("large")
     await ensure_topics(config.kafka_bootstrap, [topic], partitions=2)
-    queue = KafkaRunQueue(config.kafka_bootstrap)
-    await queue.start()
-    try:
-        sent = [
-            run_message_pb2.RunMessage(
-                schema_version=1,
-                run_id=f"big@r{i}",
-                schedule_id="big",
-                handler="echo",
-                payload=bytes([i]) * 100_000,
-            )
-            for i in range(8)
-        ]
-        await queue.enqueue(topic, sent)
-    finally:
-        await queue.stop()
+    sent = [
+        run_message_pb2.RunMessage(
+            schema_version=1,
+            run_id=f"big@r{i}",
+            schedule_id="big",
+            handler="echo",
+            payload=bytes([i]) * 100_000,
+        )
+        for i in range(8)
+    ]
+    await _produce(config, topic, sent)
     got = await _consume(config, topic, len(sent))
     assert [run_message_pb2.RunMessage.FromString(v).run_id for _, _, v in got] == [
         m.run_id for m in sent
