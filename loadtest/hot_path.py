@@ -15,7 +15,13 @@ firing. These steps are timed alone, with the process CPU clock, against the loc
   batches are not sent, so Cassandra's share is not in it);
 - ``produce``: ``KafkaRunQueue.enqueue`` of ``--messages`` run messages in slices of 170 (a
   100 ms release at 100,000 firings a minute) to a 12-partition topic, acknowledgements
-  included; the first pass hashes every key, later ones find the hashes kept.
+  included; the first pass hashes every key, later ones find the hashes kept;
+- ``run``: the worker's Python for ``--runs`` run messages, 170 every 100 ms (100,000 firings a
+  minute): the consumer's dispatch of each fetched record (``KafkaRunConsumer``; the fetching
+  itself, aiokafka's, is not in it), the runner calling a handler that returns at once, and the
+  reporter's batches to a real api process started on this keyspace (its CPU is not in the
+  figure; its acks are: the pass ends when every run's outcome is acknowledged, and the step
+  checks that the api recorded every run of the last pass as ended).
 
 Each prints the third best of ``--repeat`` passes (the others are the box's noise), in µs per
 event, firing or message. Compare two commits by running this from a worktree of each,
@@ -26,11 +32,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import os
+import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from bucketer.cql import bind, grouped_batches
 from bucketer.model import Timer
@@ -38,15 +51,25 @@ from cronscale.v1 import run_message_pb2
 from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
 from ops.migrate import migrate
 from scheduler.api.convert import event_from_proto
+from scheduler.cli.processes import use_fast_event_loop
 from scheduler.config import Config
+from scheduler.credentials import fresh_keys_env
 from scheduler.kafka import KafkaRunQueue, delete_topics, ensure_topics
 from scheduler.model import Run, RunStatus, run_id_for
 from scheduler.reports import RunReports
 from scheduler.retries import Failures
 from scheduler.session import Stores, open_stores
+from worker.config import WorkerConfig
+from worker.consumer import KafkaRunConsumer
+from worker.handlers import HandlerContext, HandlerRegistry
+from worker.reporter import RunReporter
+from worker.runner import Runner
+from worker.runtime import tune_gc
 from worker.timestamps import set_timestamp
 
 RELEASE = 170  # run messages in one 100 ms release at 100,000 firings a minute
+RELEASE_EVERY = 0.1
+API_START_TIMEOUT = 60.0
 PARTITIONS = 12
 
 
@@ -179,11 +202,146 @@ async def time_produce(bootstrap: str, topic: str, count: int, repeat: int) -> l
         await queue.stop()
 
 
-async def _run(config: Config, events: int, messages: int, repeat: int) -> None:
+def run_messages(count: int, now: datetime) -> list[bytes]:
+    """``count`` run messages as a dispatcher produces them for a once-a-minute schedule."""
+    out = []
+    for _ in range(count):
+        sid = str(uuid.uuid4())
+        slot = now.replace(microsecond=0)
+        m = run_message_pb2.RunMessage(
+            schema_version=1,
+            run_id=run_id_for(sid, slot),
+            schedule_id=sid,
+            tenant="default",
+            handler=RUN_HANDLER,
+            attempt=1,
+            follow_up=run_message_pb2.FOLLOW_UP_NONE,
+        )
+        set_timestamp(m.scheduled_for, slot)
+        set_timestamp(m.enqueue_time, now)
+        set_timestamp(m.next_fire_time, slot + timedelta(minutes=1))
+        out.append(m.SerializeToString())
+    return out
+
+
+RUN_HANDLER = "hot-path.returns"
+
+
+async def _returns(ctx: HandlerContext) -> None:
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def time_runs(stores: Stores, config: Config, count: int, repeat: int) -> list[float]:
+    """µs of this process's CPU per run message run and reported, for each of ``repeat``
+    passes (see the module's docstring)."""
+    keys = fresh_keys_env()
+    listen = f"127.0.0.1:{_free_port()}"
+    api = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "scheduler.cli",
+        "api",
+        "--log-level",
+        "WARNING",
+        env={
+            **os.environ,
+            **keys,
+            "CRONSCALE_KEYSPACE": config.keyspace,
+            "CRONSCALE_TOPIC_PREFIX": config.topic_prefix,
+            "CRONSCALE_API_LISTEN": listen,
+            "CRONSCALE_METRICS_PORT": str(_free_port()),
+        },
+    )
+    try:
+        registry = HandlerRegistry()
+        registry.register(RUN_HANDLER, _returns)
+        worker = WorkerConfig(
+            topic_prefix=config.topic_prefix,
+            api_target=listen,
+            api_token=keys["CRONSCALE_API_TOKEN"],
+        )
+        async with RunReporter(listen, token=worker.api_token) as reporter:
+            runner = Runner(registry=registry, reporter=reporter, worker_id="hot-path")
+            consumer = KafkaRunConsumer(worker, runner)
+            tp = TopicPartition(worker.topic, 0)
+            offset = 0
+
+            async def one_pass(values: list[bytes]) -> None:
+                nonlocal offset
+                for start in range(0, len(values), RELEASE):
+                    for value in values[start : start + RELEASE]:
+                        consumer._dispatch(tp, _record(tp, offset, value))
+                        offset += 1
+                    await asyncio.sleep(RELEASE_EVERY)
+                while consumer._tasks:
+                    await asyncio.wait(list(consumer._tasks))
+
+            async with asyncio.timeout(API_START_TIMEOUT):
+                await _listening(listen)
+            await one_pass(run_messages(RELEASE, datetime.now(UTC)))
+            passes = []
+            for _ in range(repeat):
+                values = run_messages(count, datetime.now(UTC))
+                t0 = time.process_time()
+                await one_pass(values)
+                passes.append(1e6 * (time.process_time() - t0) / count)
+        run_ids = [run_message_pb2.RunMessage.FromString(v).run_id for v in values]
+        ended = await stores.runs.ended(run_ids)
+        if len(ended) != count:
+            raise RuntimeError(
+                f"the api recorded {len(ended)} of the last pass's {count} runs as ended"
+            )
+        return passes
+    finally:
+        api.terminate()
+        await asyncio.wait_for(api.wait(), 30)
+
+
+async def _listening(address: str) -> None:
+    """Returns once ``address`` (host:port) accepts connections (the caller bounds the wait)."""
+    host, port = address.rsplit(":", 1)
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            await asyncio.sleep(0.2)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return
+
+
+def _record(tp: TopicPartition, offset: int, value: bytes) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        topic=tp.topic,
+        partition=tp.partition,
+        offset=offset,
+        timestamp=0,
+        timestamp_type=0,
+        key=None,
+        value=value,
+        checksum=None,
+        serialized_key_size=-1,
+        serialized_value_size=len(value),
+        headers=(),
+    )
+
+
+async def _run(config: Config, events: int, messages: int, runs: int, repeat: int) -> None:
     stores = await open_stores(config)
     try:
         print(f"report          {time_report(stores, events, repeat):6.1f} µs an event")
         print(f"grouped write   {time_grouped_write(stores, events, repeat):6.1f} µs a firing")
+        if runs:
+            passes = await time_runs(stores, config, runs, max(3, repeat // 3))
+            shown = ", ".join(f"{p:.1f}" for p in passes)
+            print(f"run             {min(passes):6.1f} µs a run (best; passes: {shown})")
     finally:
         stores.session.execute(f"DROP KEYSPACE IF EXISTS {config.keyspace}", timeout=120)
         stores.close()
@@ -203,16 +361,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--events", type=int, default=1000, help="reports, and firings of a batch")
     p.add_argument("--messages", type=int, default=20_000, help="run messages produced a pass")
+    p.add_argument(
+        "--runs", type=int, default=5000, help="run messages run a pass (0: not the run step)"
+    )
     p.add_argument("--repeat", type=int, default=15, help="passes of each step")
     args = p.parse_args(argv)
     for name in ("events", "messages", "repeat"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.runs < 0:
+        p.error("--runs must be 0 or more")
     token = uuid.uuid4().hex[:8]
     config = replace(Config.from_env(), keyspace=f"cs_hot_{token}", topic_prefix=f"hot-{token}")
     print(f"keyspace {config.keyspace} and topics {config.topic_prefix}.* (dropped at the end)")
     migrate(config, out=lambda _line: None)
-    asyncio.run(_run(config, args.events, args.messages, args.repeat))
+    # The event loop and collector thresholds of the processes whose steps these are, put
+    # back afterwards (a test calls this in its own process).
+    policy, threshold = asyncio.get_event_loop_policy(), gc.get_threshold()
+    use_fast_event_loop()
+    tune_gc()
+    try:
+        asyncio.run(_run(config, args.events, args.messages, args.runs, args.repeat))
+    finally:
+        asyncio.set_event_loop_policy(policy)
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
     return 0
 
 

@@ -30,3 +30,9 @@ def test_a_count_below_one_is_refused_naming_the_flag(
     with pytest.raises(SystemExit):
         main([flag, "0"])
     assert f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+def test_a_negative_run_count_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--runs", "-1"])
+    assert "--runs must be 0 or more" in capsys.readouterr().err
