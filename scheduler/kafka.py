@@ -4,9 +4,12 @@ producing run messages to a tier's topic, in batches."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, cast
 
@@ -124,6 +127,8 @@ class KafkaRunQueue:
         self._stale = False
         self._partitioner = KeyPartitioner()
         self._producer = self._new_producer()
+        # Per (topic, partition): the record batches not yet handed to the producer.
+        self._lanes: dict[tuple[str, int], _Lane] = {}
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -193,48 +198,131 @@ class KafkaRunQueue:
             raise
 
     async def _send(self, topic: str, messages: Sequence[Keyed]) -> None:
-        """One record batch per partition (more if one fills up), each submitted whole: a
-        ``send()`` per message (a coroutine, a partitioning and a future each) cost the
-        dispatcher 31-33 µs of CPU a message against 13-14 µs this way, its keys' hashes kept
-        (2026-12-06; ``python -m loadtest.hot_path`` measures it). The partition is the one
-        ``send()`` would choose (the key's murmur2, as the Java client's), batches of one
-        partition are submitted in order, and the idempotent producer sequences them as it
-        does its own."""
+        """Appends each message to its partition's open record batch (:class:`_Lane`) and waits
+        until every batch carrying one is acknowledged.
+
+        Record batches, not a ``send()`` per message: a ``send()`` (a coroutine, a partitioning
+        and a future each) cost the dispatcher 31-33 µs of CPU a message against 13-14 µs this
+        way, its keys' hashes kept (2026-12-06; ``python -m loadtest.hot_path`` measures it).
+        The partition is the one ``send()`` would choose (the key's murmur2, as the Java
+        client's), a partition's batches are submitted in order, and the idempotent producer
+        sequences them as it does its own. Concurrent calls share a partition's open batch, as
+        ``send()`` calls share the producer's: a batch of each call per partition made a herd's
+        concurrent releases wait a produce round trip per call and partition."""
         producer = self._producer
+        lanes = self._lanes
         partitions = list(await producer.partitions_for(topic))
-        batches: dict[int, list[BatchBuilder]] = {}
+        loop = asyncio.get_running_loop()
+        waiting: dict[_Batch, None] = {}
         for m in messages:
             key = m.schedule_id.encode()
             value = m.SerializeToString()
             headers = [("cronscale-run-id", m.run_id.encode())]
             partition = self._partitioner(key, partitions, partitions)
-            open_ = batches.get(partition)
-            if open_ is None:
-                open_ = batches[partition] = [producer.create_batch()]
-            if open_[-1].append(key=key, value=value, timestamp=None, headers=headers) is None:
-                fresh = producer.create_batch()  # the last one is full
-                open_.append(fresh)
-                if fresh.append(key=key, value=value, timestamp=None, headers=headers) is None:
+            lane = lanes.get((topic, partition))
+            if lane is None:
+                lane = lanes[(topic, partition)] = _Lane()
+            batch = lane.open
+            if (
+                batch is None
+                or batch.builder.append(key=key, value=value, timestamp=None, headers=headers)
+                is None
+            ):
+                batch = _Batch(producer.create_batch(), loop.create_future())
+                if (
+                    batch.builder.append(key=key, value=value, timestamp=None, headers=headers)
+                    is None
+                ):
                     raise MessageSizeTooLargeError(
                         f"run message {m.run_id} ({len(value)} bytes) does not fit a batch"
                     )
-
-        async def submit(partition: int, builders: list[BatchBuilder]) -> list[Any]:
-            # A partition's next batch waits for its previous one to leave the accumulator.
-            return [await producer.send_batch(b, topic, partition=partition) for b in builders]
-
-        sent = await asyncio.gather(*(submit(p, bs) for p, bs in batches.items()))
-        await asyncio.gather(*(f for futures in sent for f in futures))
+                lane.open = batch
+                lane.queued.append(batch)
+                if lane.submitter is None:
+                    lane.submitter = asyncio.create_task(
+                        _submit(producer, topic, partition, lane),
+                        name=f"produce {topic}[{partition}]",
+                    )
+            waiting[batch] = None
+        # Not gather: cancelling this call (its deadline) must not cancel batches other calls
+        # wait on too.
+        if waiting:
+            await asyncio.wait([batch.acked for batch in waiting])
+        for batch in waiting:
+            batch.acked.result()  # raises what the batch failed with
 
     async def _restart(self) -> None:
         logger.warning("replacing the Kafka producer after a send passed its deadline")
         old, self._producer = self._producer, self._new_producer()
+        # The old producer's lanes fail with it; the next messages start new ones.
+        self._lanes = {}
         try:
             await asyncio.wait_for(old.stop(), 5)
         except Exception as e:
             logger.warning("stopping the old producer failed: %s", e)
         await self._producer.start()  # raises while Kafka is away: replaced again next time
         self._stale = False
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """A record batch of one partition and the future its senders wait on (the producer's own
+    future, known only once the batch is submitted)."""
+
+    builder: BatchBuilder
+    acked: asyncio.Future[None]
+
+
+@dataclass(eq=False, slots=True)
+class _Lane:
+    """One partition's record batches on their way to the producer, oldest first.
+
+    ``open`` takes messages until its submitter hands it to the producer: ``send_batch`` waits
+    until the partition's previous batch has left the producer's accumulator (one request in
+    flight per partition), and meanwhile every call's messages for the partition fill ``open``,
+    where a batch per call would wait a round trip each. A batch handed over takes no more
+    messages (the producer numbers a batch's records for the idempotent producer when it
+    drains it)."""
+
+    queued: collections.deque[_Batch] = field(default_factory=collections.deque)
+    open: _Batch | None = None
+    submitter: asyncio.Task[None] | None = None
+
+
+async def _submit(producer: AIOKafkaProducer, topic: str, partition: int, lane: _Lane) -> None:
+    """Hands ``lane``'s batches to ``producer`` in order, each once the previous one left the
+    accumulator; resolves each batch's future with its acknowledgement or failure."""
+    try:
+        while lane.queued:
+            batch = lane.queued.popleft()
+            if lane.open is batch:
+                lane.open = None  # handed over: the next message starts a new batch
+            try:
+                sent = await producer.send_batch(batch.builder, topic, partition=partition)
+            except Exception as e:
+                _settle(batch.acked, e)
+                continue
+            sent.add_done_callback(functools.partial(_acked, batch.acked))
+    finally:
+        lane.submitter = None
+
+
+def _acked(acked: asyncio.Future[None], sent: asyncio.Future[Any]) -> None:
+    if sent.cancelled():
+        _settle(acked, asyncio.CancelledError())
+    else:
+        _settle(acked, sent.exception())
+
+
+def _settle(acked: asyncio.Future[None], error: BaseException | None) -> None:
+    if acked.done():
+        return
+    if error is None:
+        acked.set_result(None)
+        return
+    acked.set_exception(error)
+    # Its senders may have given up on it (their deadline): not an unretrieved exception.
+    acked.exception()
 
 
 async def ensure_topics(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
@@ -118,6 +120,75 @@ async def test_a_partition_fuller_than_one_batch_keeps_its_order(config: Config)
     assert [run_message_pb2.RunMessage.FromString(v).payload for _, _, v in got] == [
         m.payload for m in sent
     ]
+
+
+def _messages(prefix: str, count: int) -> list[run_message_pb2.RunMessage]:
+    return [
+        run_message_pb2.RunMessage(
+            schema_version=1, run_id=f"{prefix}@r{i}", schedule_id=prefix, handler="echo"
+        )
+        for i in range(count)
+    ]
+
+
+async def test_concurrent_enqueues_share_a_partitions_record_batch(config: Config) -> None:
+    """Ten calls at once (a herd's releases) fill one record batch of the partition rather than
+    ten, each of which would wait for the one before it to leave the producer; every call's
+    messages arrive, each call's in its order."""
+    topic = config.topic("shared")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    producer = queue._producer
+    submitted: list[int] = []
+    real = producer.send_batch
+
+    async def counting(batch: Any, topic: str, *, partition: int) -> Any:
+        submitted.append(batch.record_count())
+        return await real(batch, topic, partition=partition)
+
+    producer.send_batch = counting
+    calls = [_messages(f"c{c}", 20) for c in range(10)]
+    try:
+        await queue.enqueue(topic, _messages("warm", 1))  # the topic's metadata known
+        submitted.clear()
+        await asyncio.gather(*(queue.enqueue(topic, ms) for ms in calls))
+    finally:
+        await queue.stop()
+    assert submitted == [200]
+    got = [
+        run_message_pb2.RunMessage.FromString(v).run_id
+        for _, _, v in await _consume(config, topic, 201)
+    ]
+    for ms in calls:
+        assert [r for r in got if r.startswith(ms[0].schedule_id + "@")] == [m.run_id for m in ms]
+
+
+async def test_a_call_given_up_on_does_not_fail_the_calls_sharing_its_batch(
+    config: Config,
+) -> None:
+    """A call cancelled while its batch is on its way (its deadline passed) leaves the batch to
+    the other calls in it: theirs are acknowledged and arrive (and so do its own, as at-least-once
+    allows: its firings are sent again)."""
+    topic = config.topic("cancelled")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    try:
+        await queue.enqueue(topic, _messages("warm", 1))
+        first = asyncio.create_task(queue.enqueue(topic, _messages("first", 5)))
+        second = asyncio.create_task(queue.enqueue(topic, _messages("second", 5)))
+        await asyncio.sleep(0)  # both appended, neither acknowledged
+        first.cancel()
+        await second
+        assert first.cancelled()
+    finally:
+        await queue.stop()
+    got = [
+        run_message_pb2.RunMessage.FromString(v).run_id
+        for _, _, v in await _consume(config, topic, 11)
+    ]
+    assert [r for r in got if r.startswith("second@")] == [f"second@r{i}" for i in range(5)]
 
 
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:
