@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
 
@@ -189,6 +190,43 @@ async def test_a_call_given_up_on_does_not_fail_the_calls_sharing_its_batch(
         for _, _, v in await _consume(config, topic, 11)
     ]
     assert [r for r in got if r.startswith("second@")] == [f"second@r{i}" for i in range(5)]
+
+
+async def test_a_batch_the_producer_refuses_fails_every_call_in_it(config: Config) -> None:
+    """A batch whose hand-over fails (the producer's wait for the partition's previous batch
+    timed out) fails every call whose messages it carries, with the producer's error, and sends
+    none of them; the partition's next batch goes out as usual."""
+    topic = config.topic("refused")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    producer = queue._producer
+    real = producer.send_batch
+    refused: list[int] = []
+
+    async def refusing_once(batch: Any, topic: str, *, partition: int) -> Any:
+        if not refused:
+            refused.append(batch.record_count())
+            raise KafkaTimeoutError()
+        return await real(batch, topic, partition=partition)
+
+    producer.send_batch = refusing_once
+    try:
+        outcomes = await asyncio.gather(
+            queue.enqueue(topic, _messages("a", 3)),
+            queue.enqueue(topic, _messages("b", 3)),
+            return_exceptions=True,
+        )
+        assert refused == [6]
+        assert [type(o) for o in outcomes] == [KafkaTimeoutError, KafkaTimeoutError]
+        await queue.enqueue(topic, _messages("c", 3))
+    finally:
+        await queue.stop()
+    got = [
+        run_message_pb2.RunMessage.FromString(v).run_id
+        for _, _, v in await _consume(config, topic, 3)
+    ]
+    assert got == ["c@r0", "c@r1", "c@r2"]
 
 
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:
