@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import gc
 import os
-import socket
 import sys
 import time
 import uuid
@@ -49,6 +48,8 @@ from bucketer.cql import bind, grouped_batches
 from bucketer.model import Timer
 from cronscale.v1 import run_message_pb2
 from cronscale.v1 import run_reporting_service_pb2 as rr_pb2
+from loadtest.firing import _free_port
+from loadtest.registration import _wait_serving
 from ops.migrate import migrate
 from scheduler.api.convert import event_from_proto
 from scheduler.cli.processes import use_fast_event_loop
@@ -231,12 +232,6 @@ async def _returns(ctx: HandlerContext) -> None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def time_runs(stores: Stores, config: Config, count: int, repeat: int) -> list[float]:
     """µs of this process's CPU per run message run and reported, for each of ``repeat``
     passes (see the module's docstring)."""
@@ -282,8 +277,7 @@ async def time_runs(stores: Stores, config: Config, count: int, repeat: int) -> 
                 while consumer._tasks:
                     await asyncio.wait(list(consumer._tasks))
 
-            async with asyncio.timeout(API_START_TIMEOUT):
-                await _listening(listen)
+            await asyncio.to_thread(_wait_serving, listen, API_START_TIMEOUT)
             await one_pass(run_messages(RELEASE, datetime.now(UTC)))
             passes = []
             for _ in range(repeat):
@@ -301,20 +295,6 @@ async def time_runs(stores: Stores, config: Config, count: int, repeat: int) -> 
     finally:
         api.terminate()
         await asyncio.wait_for(api.wait(), 30)
-
-
-async def _listening(address: str) -> None:
-    """Returns once ``address`` (host:port) accepts connections (the caller bounds the wait)."""
-    host, port = address.rsplit(":", 1)
-    while True:
-        try:
-            _, writer = await asyncio.open_connection(host, int(port))
-        except OSError:
-            await asyncio.sleep(0.2)
-            continue
-        writer.close()
-        await writer.wait_closed()
-        return
 
 
 def _record(tp: TopicPartition, offset: int, value: bytes) -> ConsumerRecord[bytes, bytes]:
