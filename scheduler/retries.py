@@ -153,6 +153,13 @@ class Failures:
         if schedules is None:
             schedules = await self._schedules.get_many([e.schedule_id for e in failed])
         items: list[Write] = [*also, *self._runs.attempt_rows(failed)]
+        # What tells a redelivered message that its attempt is done (RunStore.finished): the
+        # run row's retry time or its DEAD_LETTERED. Written only once everything it stands for
+        # (the retry's timer; the dead letter's rows and publish timer) has landed: one grouped
+        # write is not atomic across partitions, and a marker landing without them (Cassandra
+        # restarting mid-write, the reporting worker dying before it reports again) left a run
+        # dead-lettered with no dead letter, or a retry that never fires.
+        markers: list[Write] = []
         retries: list[RunTimer] = []
         hopeless: list[tuple[RunEventRecord, Schedule]] = []
         for e in failed:
@@ -173,17 +180,18 @@ class Failures:
                     tenant=s.tenant,
                 )
             )
-            items.append(self._runs.retry_row(e, at))
+            markers.append(self._runs.retry_row(e, at))
             metrics.RUNS_RETRIED.labels(reason=e.status.value if e.status else "").inc()
         letters = await self._letters(hopeless, now)
         publish: list[DeadLetterTimer] = []
         for (e, _s), d in zip(hopeless, letters, strict=True):
-            items.append(self._runs.dead_letter_row(e))
+            markers.append(self._runs.dead_letter_row(e))
             items.extend(self._dead_letters.rows(d))
             publish.append(DeadLetterTimer(schedule_id=d.schedule_id, run_id=d.run_id, fire_at=now))
         # A dispatcher produces the dead letters to their topic (DeadLetterPublisher): this
-        # path, run reporting included, never waits on Kafka. If the write fails, the caller's
-        # report (or lease check) is retried and writes the same rows again.
+        # path, run reporting included, never waits on Kafka. If a write fails, the caller's
+        # report (or lease check) is retried and writes the same rows again; if the caller dies
+        # first, the markers are not written and a redelivery runs the attempt again.
         # Retries with full jitter and dead letters are due at once or nearly: written at a
         # late stamp, and put again if the write was slow (a lost one would leave its run
         # FAILED for good, neither retried nor dead-lettered).
@@ -193,6 +201,8 @@ class Failures:
         items.extend(self._timers.rows(timers, now=written_at))
         await self._runs.write(items)
         await self._timers.repeat_if_slow(timers, written_at=written_at)
+        if markers:
+            await self._runs.write(markers)
         for d in letters:
             metrics.RUNS_DEAD_LETTERED.labels(tier="standard").inc()
             logger.warning(

@@ -4,14 +4,18 @@ worker clock decides, and no tombstones on a schedule row touched at every firin
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from cassandra.cluster import Session
 
+from bucketer.cql import Write
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
+from scheduler.dead_letters import CassandraDeadLetterStore
+from scheduler.errors import Unavailable
 from scheduler.model import (
     STALE_RUN,
     Run,
@@ -309,6 +313,54 @@ async def test_a_started_asking_check_done_is_answered_and_not_recorded_when_don
     )
     started = await runs.get(fresh.run_id)
     assert (started.status, started.worker_id) == (RunStatus.RUNNING, "w2")
+
+
+class _WritesFailFrom(CassandraRunStore):
+    """The real run store, whose grouped writes fail from the ``fail_from``-th on: the API or
+    Cassandra gone in the middle of applying a failure."""
+
+    def __init__(self, session: Session, schedules: CassandraScheduleStore, fail_from: int):
+        super().__init__(session, schedules)
+        self.fail_from = fail_from
+        self.writes = 0
+
+    async def write(self, items: Sequence[Write]) -> None:
+        self.writes += 1
+        if self.writes >= self.fail_from:
+            raise Unavailable("Cassandra went away mid-report")
+        await super().write(items)
+
+
+@pytest.mark.parametrize("hopeless", [False, True], ids=["retried", "dead-lettered"])
+async def test_a_failure_is_marked_done_only_after_what_follows_it_is_written(
+    session: Session, migrated: Config, hopeless: bool
+) -> None:
+    """What makes a redelivered attempt "done" (its retry time, its DEAD_LETTERED) is written
+    after the retry's timer or the dead letter, never with them: when the report stops between
+    the two, the attempt is not done and its redelivery runs it again; the report's retry then
+    finishes it, dead letter and all."""
+    schedules = CassandraScheduleStore(session, keyspace=migrated.keyspace)
+    breaking = _WritesFailFrom(session, schedules, fail_from=3)
+    reports, _ = reports_on(session, migrated.keyspace, migrated.shard_count, schedules, breaking)
+    s = await _schedule(schedules, f"marked-last-{hopeless}")
+    run = _enqueued(s, T0)
+    await _fire(schedules, breaking, run, T0)  # write 1
+    failed = _event(run, RunStatus.FAILED, T0, error="boom", non_retryable=hopeless)
+    # The outcome goes out first (record_events); then write 2, the retry's timer or the dead
+    # letter's rows; write 3, the marker, fails.
+    with pytest.raises(Unavailable):
+        await reports.record([failed])
+    assert await breaking.finished({run.run_id: 1}) == set()
+    breaking.fail_from = 100  # the report, sent again, goes through
+    await reports.record([failed])
+    assert await breaking.finished({run.run_id: 1}) == {run.run_id}
+    kept = await breaking.get(run.run_id)
+    if hopeless:
+        assert kept.status is RunStatus.DEAD_LETTERED
+        letters = CassandraDeadLetterStore(session, keyspace=migrated.keyspace)
+        assert (await letters.get(run.run_id)).run_id == run.run_id
+    else:
+        assert kept.status is RunStatus.FAILED and kept.next_attempt_time is not None
 
 
 async def test_runs_in_progress_by_their_rows(
