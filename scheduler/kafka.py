@@ -309,7 +309,9 @@ async def _submit(producer: AIOKafkaProducer, topic: str, partition: int, lane: 
 
 def _acked(acked: asyncio.Future[None], sent: asyncio.Future[Any]) -> None:
     if sent.cancelled():
-        _settle(acked, asyncio.CancelledError())
+        # Not a CancelledError: raised from enqueue, it would read as the caller's own
+        # cancellation; a KafkaError has the firing batch sent again.
+        _settle(acked, KafkaError("the producer dropped a record batch unsent (stopped?)"))
     else:
         _settle(acked, sent.exception())
 

@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
 
@@ -227,6 +228,28 @@ async def test_a_batch_the_producer_refuses_fails_every_call_in_it(config: Confi
         for _, _, v in await _consume(config, topic, 3)
     ]
     assert got == ["c@r0", "c@r1", "c@r2"]
+
+
+async def test_a_batch_dropped_unsent_fails_its_calls_as_a_kafka_error(config: Config) -> None:
+    """A batch whose delivery the producer cancels (it was stopped under it) fails its calls
+    with a KafkaError, which has the firing batch sent again, never with a CancelledError, which
+    would read as the caller's own cancellation."""
+    topic = config.topic("dropped")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+
+    async def dropped(batch: Any, topic: str, *, partition: int) -> Any:
+        sent = asyncio.get_running_loop().create_future()
+        sent.cancel()
+        return sent
+
+    queue._producer.send_batch = dropped
+    try:
+        with pytest.raises(KafkaError, match="dropped a record batch"):
+            await queue.enqueue(topic, _messages("d", 2))
+    finally:
+        await queue.stop()
 
 
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:
