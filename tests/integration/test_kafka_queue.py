@@ -42,6 +42,14 @@ async def _consume(config: Config, topic: str, count: int) -> list[tuple[int, by
     return got
 
 
+async def _consumed_run_ids(config: Config, topic: str, count: int) -> list[str]:
+    """The run ids of the first ``count`` records of ``topic``, in arrival order."""
+    return [
+        run_message_pb2.RunMessage.FromString(v).run_id
+        for _, _, v in await _consume(config, topic, count)
+    ]
+
+
 async def _produce(
     config: Config, topic: str, *slices: Sequence[run_message_pb2.RunMessage]
 ) -> None:
@@ -158,10 +166,7 @@ async def test_concurrent_enqueues_share_a_partitions_record_batch(config: Confi
     finally:
         await queue.stop()
     assert submitted == [200]
-    got = [
-        run_message_pb2.RunMessage.FromString(v).run_id
-        for _, _, v in await _consume(config, topic, 201)
-    ]
+    got = await _consumed_run_ids(config, topic, 201)
     for ms in calls:
         assert [r for r in got if r.startswith(ms[0].schedule_id + "@")] == [m.run_id for m in ms]
 
@@ -186,10 +191,7 @@ async def test_a_call_given_up_on_does_not_fail_the_calls_sharing_its_batch(
         assert first.cancelled()
     finally:
         await queue.stop()
-    got = [
-        run_message_pb2.RunMessage.FromString(v).run_id
-        for _, _, v in await _consume(config, topic, 11)
-    ]
+    got = await _consumed_run_ids(config, topic, 11)
     assert [r for r in got if r.startswith("second@")] == [f"second@r{i}" for i in range(5)]
 
 
@@ -223,10 +225,7 @@ async def test_a_batch_the_producer_refuses_fails_every_call_in_it(config: Confi
         await queue.enqueue(topic, _messages("c", 3))
     finally:
         await queue.stop()
-    got = [
-        run_message_pb2.RunMessage.FromString(v).run_id
-        for _, _, v in await _consume(config, topic, 3)
-    ]
+    got = await _consumed_run_ids(config, topic, 3)
     assert got == ["c@r0", "c@r1", "c@r2"]
 
 
