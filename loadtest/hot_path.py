@@ -72,6 +72,7 @@ RELEASE = 170  # run messages in one 100 ms release at 100,000 firings a minute
 RELEASE_EVERY = 0.1
 API_START_TIMEOUT = 60.0
 PARTITIONS = 12
+RUN_HANDLER = "hot-path.returns"  # the run step's handler: returns at once
 
 
 def third_best(
@@ -223,9 +224,6 @@ def run_messages(count: int, now: datetime) -> list[bytes]:
         set_timestamp(m.next_fire_time, slot + timedelta(minutes=1))
         out.append(m.SerializeToString())
     return out
-
-
-RUN_HANDLER = "hot-path.returns"
 
 
 async def _returns(ctx: HandlerContext) -> None:
