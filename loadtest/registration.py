@@ -7,11 +7,18 @@ file, starts a real api on a keyspace of its own, runs ``cronscale schedule impo
 BatchCreateSchedules RPC: batches of 500, 4 in flight) and reports schedules/s with the CPU
 seconds of the api and Cassandra. Then imports the same file again: every line must come back
 ``already_existed`` (a retried import is safe). Load stays on loopback.
+
+    python -m loadtest.registration --single 20000 --in-flight 64
+
+registers through CreateSchedule instead, one schedule a call, ``--in-flight`` calls at once:
+first with ids the server picks, then as many with ids the client chooses (the path that
+must refuse a taken id), and reports each pass's schedules/s, call latency and CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -24,14 +31,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bucketer.cql import connect
+from cronscale.v1 import schedule_pb2
+from cronscale.v1 import scheduler_service_pb2 as api_pb2
+from cronscale.v1 import scheduler_service_pb2_grpc as api_grpc
 from loadtest.firing import REPO, _free_port, _service_pid, cpu_seconds
 from ops.local import LocalSettings
 from ops.migrate import migrate
+from scheduler.cli.client import open_channel
 from scheduler.config import Config
-from scheduler.credentials import fresh_keys_env
+from scheduler.credentials import ENV_API_KEY, fresh_keys_env
 
 
 def _write_file(path: Path, count: int, token: str) -> None:
@@ -65,9 +77,56 @@ def _wait_serving(target: str, timeout: float = 60) -> None:
     raise SystemExit(f"the api at {target} did not become healthy in {timeout:.0f} s")
 
 
+def _request(i: int, schedule_id: str) -> api_pb2.CreateScheduleRequest:
+    return api_pb2.CreateScheduleRequest(
+        schedule_id=schedule_id,
+        schedule=schedule_pb2.Schedule(
+            name=f"registration {i}",
+            handler="echo",
+            spec=schedule_pb2.ScheduleSpec(
+                cron=schedule_pb2.CronSpec(expression="* * * * *"),
+                jitter=Duration(seconds=60),
+            ),
+        ),
+    )
+
+
+async def _create_one_by_one(
+    target: str, key: str, requests: list[api_pb2.CreateScheduleRequest], in_flight: int
+) -> list[float]:
+    """Sends every request as its own CreateSchedule call, ``in_flight`` at once; each call's
+    seconds. A refused call stops the pass."""
+    latencies: list[float] = []
+    todo = iter(requests)
+    async with open_channel(target, api_key=key) as channel:
+        stub = api_grpc.SchedulerServiceStub(channel)
+
+        async def caller() -> None:
+            for req in todo:
+                t0 = time.perf_counter()
+                await stub.CreateSchedule(req, timeout=30)
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(caller() for _ in range(in_flight)))
+    return latencies
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.registration")
     p.add_argument("--count", type=int, default=100_000)
+    p.add_argument(
+        "--single",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N CreateSchedule calls (then N more with client-chosen ids) instead of the import",
+    )
+    p.add_argument("--in-flight", type=int, default=64, help="calls at once with --single")
     args = p.parse_args(argv)
     token = uuid.uuid4().hex[:8]
     port = _free_port()
@@ -98,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         api = subprocess.Popen([*cli, "api", "--log-level", "WARNING"], env=env, cwd=REPO)
         try:
             _wait_serving(config.api_target)
+            if args.single:
+                return _single(args.single, args.in_flight, token, env, api.pid, cassandra)
             runs = []
             for attempt in ("first", "again"):
                 cpu0 = (cpu_seconds(api.pid), cpu_seconds(cassandra))
@@ -130,6 +191,27 @@ def main(argv: list[str] | None = None) -> int:
             f"{summary['lines'] / wall:,.0f} schedules/s (import {summary['seconds']:.1f} s); "
             f"created {summary['created']:,}, already existed {summary['already_existed']:,}, "
             f"refused {summary['refused']:,}; CPU s: api {api_cpu:.1f}, cassandra {cass_cpu:.1f}"
+        )
+    return 0
+
+
+def _single(
+    count: int, in_flight: int, token: str, env: dict[str, str], api: int, cassandra: int
+) -> int:
+    for label, ids in (("server-chosen ids", False), ("client-chosen ids", True)):
+        requests = [_request(i, f"one-{token}-{i}" if ids else "") for i in range(count)]
+        cpu0 = (cpu_seconds(api), cpu_seconds(cassandra))
+        t0 = time.monotonic()
+        latencies = asyncio.run(
+            _create_one_by_one(env["CRONSCALE_API"], env[ENV_API_KEY], requests, in_flight)
+        )
+        wall = time.monotonic() - t0
+        api_cpu, cass_cpu = cpu_seconds(api) - cpu0[0], cpu_seconds(cassandra) - cpu0[1]
+        print(
+            f"CreateSchedule, {label}: {count:,} calls ({in_flight} in flight) in {wall:.1f} s = "
+            f"{count / wall:,.0f} schedules/s; call p50 {_quantile(latencies, 0.5) * 1000:.1f} ms, "
+            f"p99 {_quantile(latencies, 0.99) * 1000:.1f} ms; CPU s: api {api_cpu:.1f}, "
+            f"cassandra {cass_cpu:.1f} ({(api_cpu + cass_cpu) / count * 1000:.3f} ms a schedule)"
         )
     return 0
 
