@@ -459,8 +459,11 @@ async def write_grouped(
     await run_bounded(session, grouped_batches(session, items), in_flight=in_flight)
 
 
-def grouped_batches(session: Session, items: Iterable[Write]) -> list[BatchStatement]:
-    """The unlogged batches :func:`write_grouped` sends for ``items``, bound and grouped."""
+def grouped_batches(
+    session: Session, items: Iterable[Write]
+) -> list[BatchStatement | BoundStatement]:
+    """The unlogged batches :func:`write_grouped` sends for ``items``, bound and grouped; a
+    lone row goes as its own statement (a batch of one costs both ends more for nothing)."""
     by_replica: dict[Any, list[list[BoundStatement]]] = {}
     metadata = session.cluster.metadata
     for group in partition_groups(items).values():
@@ -469,8 +472,11 @@ def grouped_batches(session: Session, items: Iterable[Write]) -> list[BatchState
         key = bound[0].routing_key
         replicas = metadata.get_replicas(bound[0].keyspace, key) if key is not None else []
         by_replica.setdefault(replicas[0] if replicas else None, []).append(bound)
-    batches: list[BatchStatement] = []
+    batches: list[BatchStatement | BoundStatement] = []
     for groups in by_replica.values():
+        if len(groups) == 1 and len(groups[0]) == 1:
+            batches.append(groups[0][0])
+            continue
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         rows = 0
         for whole in groups:

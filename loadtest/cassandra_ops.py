@@ -56,7 +56,7 @@ async def _run(config: Config, count: int, total: int, cassandra_pid: int) -> No
         spec = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * *", jitter=timedelta(seconds=60))
         ids = [f"ops-{uuid.uuid4().hex[:16]}" for _ in range(count)]
         for start in range(0, count, 2000):
-            await stores.schedules.import_many(
+            await stores.schedules.create_unchecked(
                 [
                     Schedule(
                         schedule_id=sid,

@@ -137,9 +137,10 @@ class CassandraScheduleStore:
         if not applied:
             raise AlreadyExists(f"schedule_id: {s.schedule_id!r} already exists")
 
-    async def import_many(self, schedules: Sequence[Schedule]) -> None:
-        """Stores validated schedules without the per-row existence check (one LWT each):
-        bulk loads such as the load harness, where ids are fresh by construction."""
+    async def create_unchecked(self, schedules: Sequence[Schedule]) -> None:
+        """Stores new schedules without :meth:`create`'s existence check (an LWT each), for
+        ids no other row can hold: minted by the server (a random UUID), or looked up first
+        (a batch create's chosen ids); grouped by partition, one request for them all."""
         await write_grouped(
             self._session,
             [Write(s.schedule_id, self.q["import_schedule"], self._row(s)) for s in schedules],

@@ -202,7 +202,7 @@ class ScheduleService:
             results[i] = CreateResult(schedule=s)
         # Timers first, as in create(): a schedule row never exists without its timer.
         await self._timers.put(timers, now=now)
-        await self._schedules.import_many(rows)
+        await self._schedules.create_unchecked(rows)
         logger.info("created %d schedules in a batch of %d", len(rows), len(items))
         return [r if r is not None else CreateResult() for r in results]
 
@@ -238,26 +238,32 @@ class ScheduleService:
         (for a day), instead of a second schedule firing every slot again.
         """
         now = self._clock()
+        sid = schedule_id or str(uuid.uuid4())
+        # An id this call minted is free, so its row needs no existence check (an LWT); a
+        # chosen id, or a retry's, is checked (ALREADY_EXISTS if taken).
+        checked = bool(schedule_id)
         if request_id:
-            wanted = schedule_id or str(uuid.uuid4())
             # Per tenant: another tenant's request_id must neither collide with this one nor
             # answer with its schedule.
-            schedule_id = await self.requests.claim(
-                f"create:{draft.tenant}:{validate_request_id(request_id)}", wanted
+            claimed = await self.requests.claim(
+                f"create:{draft.tenant}:{validate_request_id(request_id)}", sid
             )
-            if schedule_id != wanted:
+            if claimed != sid:
                 try:
-                    return await self.get(schedule_id)  # a retry: the first call's schedule
+                    return await self.get(claimed)  # a retry: the first call's schedule
                 except NotFound:
                     pass  # the first call stopped before storing it: store it now
-        s, first = self._prepare(draft, schedule_id, now)
-        sid = s.schedule_id
+                sid, checked = claimed, True
+        s, first = self._prepare(draft, sid, now)
         await self.dependencies.validate(s)
         # Timer first: if the insert then fails (or the id is taken), the timer's fresh
         # generation matches no schedule and is dropped when due.
         if first is not None:
             await self._timers.put([first.to_timer(self._timers.shard_count)], now=now)
-        await self._schedules.create(s)
+        if checked:
+            await self._schedules.create(s)
+        else:
+            await self._schedules.create_unchecked([s])
         if s.after:
             await self._link_upstreams(s)
         logger.info("created schedule %s", sid, extra={"schedule_id": sid, "tenant": s.tenant})

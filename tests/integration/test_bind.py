@@ -1,6 +1,7 @@
 """``bucketer.cql.bind`` against the driver's own ``PreparedStatement.bind``, on statements
 prepared by the real Cassandra: the same bytes for every value, null and unset alike, by
-position and by name, and the driver's errors where it would raise."""
+position and by name, and the driver's errors where it would raise; and what
+``grouped_batches`` sends of the rows it binds."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from cassandra.cluster import Session
-from cassandra.query import UNSET_VALUE
+from cassandra.query import UNSET_VALUE, BatchStatement, BoundStatement
 
 import bucketer
 import scheduler
-from bucketer.cql import Queries, bind
+from bucketer.cql import Queries, Write, bind, grouped_batches
 from scheduler.config import Config
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, 123000, tzinfo=UTC)
@@ -135,3 +136,17 @@ def test_timestamps_bind_as_the_driver_binds_them(queries: tuple[Queries, Querie
     ):
         values = (*RUN_ROW[:2], moment, *RUN_ROW[3:9], moment, *RUN_ROW[10:])
         assert bind(stmt, values).values == stmt.bind(values).values, moment
+
+
+def test_a_lone_row_goes_as_its_own_statement_and_rows_together_as_one_batch(
+    session: Session, queries: tuple[Queries, Queries]
+) -> None:
+    runs, _timers = queries
+    stmt = runs["insert_run"]
+    second = ("s2", *RUN_ROW[1:3], "s2@2026-12-04T12:00:00Z", *RUN_ROW[4:])
+    (alone,) = grouped_batches(session, [Write("s1", stmt, RUN_ROW)])
+    assert isinstance(alone, BoundStatement)
+    assert alone.values == bind(stmt, RUN_ROW).values
+    (together,) = grouped_batches(session, [Write("s1", stmt, RUN_ROW), Write("s2", stmt, second)])
+    assert isinstance(together, BatchStatement)
+    assert len(together._statements_and_parameters) == 2
