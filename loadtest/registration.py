@@ -39,6 +39,7 @@ from cronscale.v1 import schedule_pb2
 from cronscale.v1 import scheduler_service_pb2 as api_pb2
 from cronscale.v1 import scheduler_service_pb2_grpc as api_grpc
 from loadtest.firing import REPO, _free_port, _service_pid, cpu_seconds
+from loadtest.table_ops import per_firing_ops, report_line, table_counts
 from ops.local import LocalSettings
 from ops.migrate import migrate
 from scheduler.cli.client import open_channel
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _wait_serving(config.api_target)
             if args.single:
-                return _single(args.single, args.in_flight, token, env, api.pid, cassandra)
+                return _single(args.single, args.in_flight, token, env, config, api.pid, cassandra)
             runs = []
             for attempt in ("first", "again"):
                 cpu0 = (cpu_seconds(api.pid), cpu_seconds(cassandra))
@@ -196,10 +197,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _single(
-    count: int, in_flight: int, token: str, env: dict[str, str], api: int, cassandra: int
+    count: int,
+    in_flight: int,
+    token: str,
+    env: dict[str, str],
+    config: Config,
+    api: int,
+    cassandra: int,
 ) -> int:
+    session = connect(
+        config.cassandra_hosts, config.cassandra_port, security=config.cassandra_security
+    )
     for label, ids in (("server-chosen ids", False), ("client-chosen ids", True)):
         requests = [_request(i, f"one-{token}-{i}" if ids else "") for i in range(count)]
+        ops0 = table_counts(session, config.keyspace)
         cpu0 = (cpu_seconds(api), cpu_seconds(cassandra))
         t0 = time.monotonic()
         latencies = asyncio.run(
@@ -213,6 +224,9 @@ def _single(
             f"p99 {_quantile(latencies, 0.99) * 1000:.1f} ms; CPU s: api {api_cpu:.1f}, "
             f"cassandra {cass_cpu:.1f} ({(api_cpu + cass_cpu) / count * 1000:.3f} ms a schedule)"
         )
+        per = per_firing_ops(ops0, table_counts(session, config.keyspace), count)
+        print(report_line(per, unit="schedule"))
+    session.cluster.shutdown()
     return 0
 
 

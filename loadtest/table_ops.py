@@ -55,16 +55,16 @@ def per_firing_ops(before: Counts, after: Counts, fired: float) -> dict[str, dic
     return out
 
 
-def report_line(per: Mapping[str, Mapping[str, float]]) -> str:
-    """One line of the report: the tables with the most operations per firing first."""
+def report_line(per: Mapping[str, Mapping[str, float]], *, unit: str = "firing") -> str:
+    """One line of the report: the tables with the most operations per ``unit`` first."""
     if not per:
-        return "- Cassandra's operations per firing: none counted"
+        return f"- Cassandra's operations per {unit}: none counted"
     plural = {"read": "partition reads", "write": "partition writes", "scan": "range scans"}
     ordered = sorted(per.items(), key=lambda item: (-sum(item[1].values()), item[0]))
     parts = [
         f"{table} " + ", ".join(f"{ops[op]:.3g} {plural[op]}" for op in OPS if op in ops)
         for table, ops in ordered
     ]
-    return "- Cassandra's operations per firing in the window, by its own counters: " + "; ".join(
+    return f"- Cassandra's operations per {unit} in the window, by its own counters: " + "; ".join(
         parts
     )
