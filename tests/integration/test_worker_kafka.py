@@ -325,7 +325,11 @@ async def test_outcomes_wait_for_the_api_and_offsets_wait_for_the_ack(
 
         server = await _serve(recorder, port)
         await _until(lambda: recorder.finished() == set(run_ids), 20, "the retried outcomes")
-        assert _gauge("cronscale_worker_api_up", config.tier) == 1
+        # The API records the outcomes before its answer reaches the worker, which marks the
+        # API up on that answer: waited for, not read at once.
+        await _until(
+            lambda: _gauge("cronscale_worker_api_up", config.tier) == 1, 10, "the API marked up"
+        )
         assert await health_status(config.health_listen) == "SERVING"
         assert "serving again" in caplog.text
         await _until(lambda: _committed_equals_end(config), 15, "offsets committed after the ack")
