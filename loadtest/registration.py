@@ -38,6 +38,7 @@ from bucketer.cql import connect
 from cronscale.v1 import schedule_pb2
 from cronscale.v1 import scheduler_service_pb2 as api_pb2
 from cronscale.v1 import scheduler_service_pb2_grpc as api_grpc
+from loadtest.figures import pct
 from loadtest.firing import REPO, _free_port, _service_pid, cpu_seconds
 from loadtest.table_ops import per_firing_ops, report_line, table_counts
 from ops.local import LocalSettings
@@ -112,11 +113,6 @@ async def _create_one_by_one(
     return latencies
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.registration")
     p.add_argument("--count", type=int, default=100_000)
@@ -154,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     cli = [sys.executable, "-m", "scheduler.cli"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "schedules.jsonl"
-        _write_file(path, args.count, token)
+        if not args.single:
+            _write_file(path, args.count, token)
         api = subprocess.Popen([*cli, "api", "--log-level", "WARNING"], env=env, cwd=REPO)
         try:
             _wait_serving(config.api_target)
@@ -220,8 +217,8 @@ def _single(
         api_cpu, cass_cpu = cpu_seconds(api) - cpu0[0], cpu_seconds(cassandra) - cpu0[1]
         print(
             f"CreateSchedule, {label}: {count:,} calls ({in_flight} in flight) in {wall:.1f} s = "
-            f"{count / wall:,.0f} schedules/s; call p50 {_quantile(latencies, 0.5) * 1000:.1f} ms, "
-            f"p99 {_quantile(latencies, 0.99) * 1000:.1f} ms; CPU s: api {api_cpu:.1f}, "
+            f"{count / wall:,.0f} schedules/s; call p50 {pct(latencies, 0.5) * 1000:.1f} ms, "
+            f"p99 {pct(latencies, 0.99) * 1000:.1f} ms; CPU s: api {api_cpu:.1f}, "
             f"cassandra {cass_cpu:.1f} ({(api_cpu + cass_cpu) / count * 1000:.3f} ms a schedule)"
         )
         per = per_firing_ops(ops0, table_counts(session, config.keyspace), count)
