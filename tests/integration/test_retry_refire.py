@@ -10,6 +10,7 @@ waited for its start lease (minutes) to be found lost.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -108,8 +109,16 @@ async def test_a_retry_handed_again_after_its_produce_failed_is_produced(
     try:
         with pytest.raises(KafkaConnectionError):
             await firing.on_due([retry])
-        # The rows of the failed hand-over landed: attempt 2, not yet taken.
+        # The rows of the failed hand-over land: attempt 2, not yet taken. (The release writes
+        # them while it produces and raises at the produce's failure, so the write may still be
+        # on its way: waited for, not read at once.)
+        deadline = asyncio.get_running_loop().time() + 5
         row = await stores.runs.get(run_id)
+        while (row.attempt, row.status) != (2, RunStatus.ENQUEUED):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+            row = await stores.runs.get(run_id)
         assert (row.attempt, row.status) == (2, RunStatus.ENQUEUED)
 
         await firing.on_due([retry])  # the scanner hands the batch again
