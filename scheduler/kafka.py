@@ -291,7 +291,12 @@ class _Lane:
 
 async def _submit(producer: AIOKafkaProducer, topic: str, partition: int, lane: _Lane) -> None:
     """Hands ``lane``'s batches to ``producer`` in order, each once the previous one left the
-    accumulator; resolves each batch's future with its acknowledgement or failure."""
+    accumulator; resolves each batch's future with its acknowledgement or failure.
+
+    Cancelled (the queue or the process stopping), it fails the batch in hand and every batch
+    behind it with a KafkaError at once: their senders would otherwise wait out their deadline
+    for batches no one will hand over."""
+    batch: _Batch | None = None
     try:
         while lane.queued:
             batch = lane.queued.popleft()
@@ -301,8 +306,17 @@ async def _submit(producer: AIOKafkaProducer, topic: str, partition: int, lane: 
                 sent = await producer.send_batch(batch.builder, topic, partition=partition)
             except Exception as e:
                 _settle(batch.acked, e)
+                batch = None
                 continue
             sent.add_done_callback(functools.partial(_acked, batch.acked))
+            batch = None
+    except asyncio.CancelledError:
+        error = KafkaError("the run queue stopped before the record batch was handed over")
+        for unsent in ([batch] if batch is not None else []) + list(lane.queued):
+            _settle(unsent.acked, error)
+        lane.queued.clear()
+        lane.open = None
+        raise
     finally:
         lane.submitter = None
 

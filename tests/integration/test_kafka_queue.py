@@ -251,6 +251,47 @@ async def test_a_batch_dropped_unsent_fails_its_calls_as_a_kafka_error(config: C
         await queue.stop()
 
 
+async def test_a_cancelled_submitter_fails_its_lanes_batches_at_once(config: Config) -> None:
+    """A partition's submitter cancelled (the queue or the process stopping) while it waits to
+    hand a batch over fails that batch and the ones queued behind it with a KafkaError at once,
+    not at their senders' 15-second deadline; the partition's next message starts afresh."""
+    topic = config.topic("cancelled-submitter")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    real = queue._producer.send_batch
+    handing = asyncio.Event()
+
+    async def stuck(batch: Any, topic: str, *, partition: int) -> Any:
+        handing.set()
+        await asyncio.Event().wait()  # the previous batch never leaves the accumulator
+
+    queue._producer.send_batch = stuck
+    try:
+        first = asyncio.create_task(queue.enqueue(topic, _messages("first", 2)))
+        await handing.wait()
+        # The first batch is in hand; a second call's messages fill the next batch.
+        second = asyncio.create_task(queue.enqueue(topic, _messages("second", 2)))
+        (lane,) = queue._lanes.values()
+        for _ in range(100):
+            if lane.queued:
+                break
+            await asyncio.sleep(0.01)
+        assert lane.submitter is not None and len(lane.queued) == 1
+        lane.submitter.cancel()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(first, second, return_exceptions=True), timeout=2
+        )
+        assert [type(o) for o in outcomes] == [KafkaError, KafkaError]
+        assert "stopped before the record batch was handed over" in str(outcomes[0])
+        assert lane.submitter is None and not lane.queued and lane.open is None
+        queue._producer.send_batch = real
+        await queue.enqueue(topic, _messages("third", 2))
+    finally:
+        await queue.stop()
+    assert await _consumed_run_ids(config, topic, 2) == ["third@r0", "third@r1"]
+
+
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:
     """The health probe gets an answer from a broker without asking for every topic's metadata
     (a cluster's thousands of topics, every 2 s). (That it fails while Kafka is down is
