@@ -204,7 +204,9 @@ async def revoke_key(args: argparse.Namespace) -> int:
 
 
 async def list_audit(args: argparse.Namespace) -> int:
-    """``audit list``: newest first, filtered; a page (or ``--all``)."""
+    """``audit list``: newest first, filtered; a page (or ``--all``). The server may answer a
+    short page before the last (a call reads a bounded number of partitions): pages are
+    followed until one page's worth is shown or the listing ends."""
     request = audit_pb2.ListAuditEventsRequest(
         tenant_id=args.tenant or "",
         target=args.target or "",
@@ -218,13 +220,16 @@ async def list_audit(args: argparse.Namespace) -> int:
         request.end_time.FromDatetime(args.until)
     events: list[audit_pb2.AuditEvent] = []
     token = args.page_token
+    want = args.page_size or 100  # the server's default page
     async with audit_stub(args.api) as stub:
         while True:
             request.page_token = token
+            if not args.all:
+                request.page_size = want - len(events)
             resp = await stub.ListAuditEvents(request, timeout=args.timeout)
             events.extend(resp.events)
             token = resp.next_page_token
-            if not args.all or not token:
+            if not token or (not args.all and len(events) >= want):
                 break
     if args.json:
         print(dumps({"events": [message_to_json(e) for e in events], "next_page_token": token}))

@@ -16,15 +16,24 @@ from cassandra.cluster import Session
 
 from bucketer.cql import aexecute
 from bucketer.keys import minute_bucket
-from scheduler.audit import ALL_TENANTS, AuditEntry, AuditQuery, CassandraAuditLog
+from scheduler.audit import (
+    ALL_TENANTS,
+    AuditEntry,
+    AuditQuery,
+    CassandraAuditLog,
+    _day_tables_may_hold_entries,
+)
 from scheduler.config import Config
 from scheduler.errors import InvalidArgument
 from scheduler.model import day_of
 
+# Days in 2019-2021, each handed out once: a day's partitions hold only one test's entries.
+_PAST_DAYS = iter(random.sample(range(3 * 365), 3 * 365))
+
 
 def _a_past_day() -> datetime:
-    """Midnight of a random day in 2019-2021: its partitions hold only this test's entries."""
-    return datetime(2019, 1, 1, tzinfo=UTC) + timedelta(days=random.randrange(3 * 365))
+    """Midnight of a day no other test here writes (the keyspace is shared)."""
+    return datetime(2019, 1, 1, tzinfo=UTC) + timedelta(days=next(_PAST_DAYS))
 
 
 def _entry(tenant: str, at: datetime, *, action: str = "UpdateSchedule", n: int = 0) -> AuditEntry:
@@ -41,14 +50,21 @@ def _entry(tenant: str, at: datetime, *, action: str = "UpdateSchedule", n: int 
     )
 
 
-def _log(session: Session, config: Config, *, legacy_last_day: int = 0) -> CassandraAuditLog:
-    return CassandraAuditLog(session, keyspace=config.keyspace, legacy_last_day=legacy_last_day)
+def _log(
+    session: Session, config: Config, *, day_tables: bool = False, max_reads: int = 128
+) -> CassandraAuditLog:
+    return CassandraAuditLog(
+        session,
+        keyspace=config.keyspace,
+        read_day_tables=day_tables,
+        max_reads_a_page=max_reads,
+    )
 
 
 async def _list_all(log: CassandraAuditLog, query: AuditQuery, page_size: int) -> list[AuditEntry]:
     out: list[AuditEntry] = []
     token = ""
-    for _ in range(10_000):
+    for _ in range(100_000):
         page, token = await log.page(query, page_size, token)
         assert len(page) <= page_size
         out += page
@@ -163,7 +179,7 @@ async def test_filters_read_past_partitions_of_non_matching_entries(
     assert len(got) == 5
 
 
-async def test_schema_11_day_partitions_are_merged_in_order_where_they_may_hold_entries(
+async def test_schema_11_day_partitions_are_merged_in_order_while_they_are_read(
     session: Session, migrated: Config
 ) -> None:
     day = _a_past_day()
@@ -188,7 +204,7 @@ async def test_schema_11_day_partitions_are_merged_in_order_where_they_may_hold_
         )
     # Written by the new code in the same hours (a rolling upgrade: both kinds on one day).
     new = [_entry(tenant, day + timedelta(hours=h, minutes=4), n=100 + h) for h in range(0, 48, 3)]
-    log = _log(session, migrated, legacy_last_day=day_of(day) + 1)
+    log = _log(session, migrated, day_tables=True)
     for e in new:
         await log.append(e)
     window = AuditQuery(tenant_id=tenant, start=day, end=day + timedelta(days=2))
@@ -197,28 +213,102 @@ async def test_schema_11_day_partitions_are_merged_in_order_where_they_may_hold_
         assert [e.event_id for e in got] == _newest_first(old + new)
     got = await _list_all(log, AuditQuery(start=day, end=day + timedelta(days=2)), 3)
     assert [e.event_id for e in got] == _newest_first(old + new)
-    # A deployment whose schema 15 came before these days does not read the old tables.
-    since = _log(session, migrated, legacy_last_day=day_of(day) - 1)
-    got = await _list_all(since, window, 5)
+    # Pages cut short by the read budget still list every entry once, in order.
+    tight = _log(session, migrated, day_tables=True, max_reads=4)
+    got = await _list_all(tight, window, 100)
+    assert [e.event_id for e in got] == _newest_first(old + new)
+    # Without them (a new keyspace, or once they are dropped) only the new entries are listed.
+    got = await _list_all(_log(session, migrated), window, 5)
     assert [e.event_id for e in got] == _newest_first(new)
-    # Only the first day may hold old entries: the second day's are not read.
-    first_day_only = _log(session, migrated, legacy_last_day=day_of(day))
-    got = await _list_all(first_day_only, window, 5)
-    assert [e.event_id for e in got] == _newest_first(
-        new + [e for e in old if day_of(e.event_time) == day_of(day)]
-    )
 
 
-async def test_the_default_legacy_day_comes_from_schema_migrations(
+async def test_a_filter_that_matches_little_reads_a_bounded_number_of_partitions_a_page(
     session: Session, migrated: Config
 ) -> None:
-    rows = await aexecute(
-        session,
-        f"SELECT applied_at FROM {migrated.keyspace}.schema_migrations WHERE version = 15",
+    log = _log(session, migrated, max_reads=10)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    day = _a_past_day()
+    # An entry in each of 200 minutes; the one match is the oldest.
+    entries = [
+        _entry(tenant, day + timedelta(minutes=m), action="Match" if m == 0 else "Other", n=m)
+        for m in range(200)
+    ]
+    for e in entries:
+        await log.append(e)
+    q = AuditQuery(
+        tenant_id=tenant, action="Match", start=day - timedelta(days=1), end=day + timedelta(days=1)
     )
-    applied = rows[0].applied_at.replace(tzinfo=UTC)
-    log = CassandraAuditLog(session, keyspace=migrated.keyspace)
-    assert log.legacy_last_day == day_of(applied) + 1
+    pages = 0
+    token = ""
+    found: list[AuditEntry] = []
+    while True:
+        page, token = await log.page(q, 50, token)
+        pages += 1
+        found += page
+        if not token:
+            break
+    assert [e.event_id for e in found] == [entries[0].event_id]
+    # 200 minute partitions and 3 days of noted minutes at 10 reads a page.
+    assert pages >= 20
+
+
+async def test_noted_minutes_without_entries_do_not_stall_the_listing(
+    session: Session, migrated: Config
+) -> None:
+    """A minute noted whose entry was then not written (the write failed after the note) is
+    read and found empty; a page whose reads run out among such minutes still moves on."""
+    log = _log(session, migrated, max_reads=3)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    day = _a_past_day()
+    oldest = _entry(tenant, day + timedelta(hours=1))
+    await log.append(oldest)
+    for m in range(1, 30):
+        minute = minute_bucket(day + timedelta(hours=1, minutes=m))
+        await aexecute(
+            session,
+            f"INSERT INTO {migrated.keyspace}.audit_minutes (scope, day, minute_bucket) "
+            "VALUES (%s, %s, %s)",
+            (tenant, day_of(day), minute),
+        )
+    q = AuditQuery(tenant_id=tenant, start=day, end=day + timedelta(days=1))
+    assert [e.event_id for e in await _list_all(log, q, 10)] == [oldest.event_id]
+
+
+async def test_day_tables_are_read_only_where_an_api_before_schema_15_may_have_written(
+    session: Session, migrated: Config
+) -> None:
+    ks = migrated.keyspace
+    # One `db migrate` created this keyspace: the day tables and schema 15 came together.
+    assert CassandraAuditLog(session, keyspace=ks).day_tables is None
+    rows = await aexecute(
+        session, f"SELECT applied_at FROM {ks}.schema_migrations WHERE version = 11"
+    )
+    applied = rows[0].applied_at
+    try:
+        # Schema 11 applied two days before schema 15: an API may have written them since.
+        await aexecute(
+            session,
+            f"UPDATE {ks}.schema_migrations SET applied_at = %s WHERE version = 11",
+            (applied - timedelta(days=2),),
+        )
+        assert CassandraAuditLog(session, keyspace=ks).day_tables is not None
+    finally:
+        await aexecute(
+            session,
+            f"UPDATE {ks}.schema_migrations SET applied_at = %s WHERE version = 11",
+            (applied,),
+        )
+    # Dropped (their entries past retention): not read, nor prepared.
+    bare = f"{ks}_bare"
+    await aexecute(
+        session,
+        f"CREATE KEYSPACE IF NOT EXISTS {bare} WITH replication = "
+        "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+    )
+    try:
+        assert not _day_tables_may_hold_entries(session, bare)
+    finally:
+        await aexecute(session, f"DROP KEYSPACE IF EXISTS {bare}")
 
 
 async def test_page_tokens(session: Session, migrated: Config) -> None:
