@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 
 from bucketer.cql import TRANSIENT_STORAGE_ERRORS, Write
 from bucketer.model import Timer, micros
@@ -47,7 +47,7 @@ from scheduler.fairness import (
     Throttle,
     Unlimited,
 )
-from scheduler.kafka import Keyed, run_message
+from scheduler.kafka import MESSAGE_ERRORS, Keyed, run_message
 from scheduler.model import (
     DONE_NOTE_LEAD,
     MISFIRE_THRESHOLD,
@@ -506,9 +506,9 @@ class Firing:
         """Whether retrying can cure ``error`` (a service down or slow), as opposed to poison
         (a timer or schedule that cannot be fired, e.g. a value Kafka or Cassandra refuses)."""
         if isinstance(error, KafkaError):
-            return bool(getattr(error, "retriable", False)) or isinstance(
-                error, KafkaConnectionError | KafkaTimeoutError
-            )
+            # Only an answer about the message itself is poison; the rest (brokers away, a
+            # producer whose state went wrong and is replaced) passes with a retry.
+            return not isinstance(error, MESSAGE_ERRORS)
         return isinstance(error, (*TRANSIENT_STORAGE_ERRORS, Unavailable, OSError, TimeoutError))
 
     async def on_due(self, due: Sequence[Timer]) -> None:

@@ -16,10 +16,15 @@ from typing import Any, Protocol, cast
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
     KafkaConnectionError,
     KafkaError,
     MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
     TopicAlreadyExistsError,
+    UnsupportedForMessageFormatError,
 )
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -37,6 +42,16 @@ RUN_MESSAGE_SCHEMA_VERSION = 1
 # A batch's sends must be acknowledged within this (above the 10 s request timeout, which
 # covers one request, not a wait for metadata or buffer space on a broken connection).
 SEND_DEADLINE = 15.0
+# Kafka's answers about the messages themselves: sending them again cannot succeed (their
+# timers are poison). Any other KafkaError is about the brokers or the producer's own state.
+MESSAGE_ERRORS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+    InvalidTimestampError,
+    UnsupportedForMessageFormatError,
+)
 
 
 _DEFAULT_PARTITIONER = DefaultPartitioner()
@@ -125,6 +140,7 @@ class KafkaRunQueue:
         self._linger_ms = linger_ms
         self._security = security or KafkaSecurity()
         self._stale = False
+        self._restarting = asyncio.Lock()
         self._partitioner = KeyPartitioner()
         self._producer = self._new_producer()
         # Per (topic, partition): the record batches not yet handed to the producer.
@@ -187,15 +203,31 @@ class KafkaRunQueue:
 
     async def enqueue(self, topic: str, messages: Sequence[Keyed]) -> None:
         """Produces every message; raises if any was not acknowledged by all in-sync replicas
-        within the send deadline. After a deadline passed the producer is replaced before the
-        next batch: one left waiting on a broker that restarted can hang for good."""
+        within the send deadline. After a deadline passed, or any failure that is not about
+        the messages themselves (``MESSAGE_ERRORS``), the producer is replaced before the next
+        batch: one left waiting on a broker that restarted can hang for good, and one whose
+        idempotence state went wrong (``OutOfOrderSequenceNumber`` after a batch expired
+        unacknowledged) fails every later batch of the partition at once."""
         if self._stale:
-            await self._restart()
+            # Concurrent batches find it stale together: one replaces it, the rest use that.
+            async with self._restarting:
+                if self._stale:
+                    await self._restart()
+        producer = self._producer
         try:
             await asyncio.wait_for(self._send(topic, messages), SEND_DEADLINE)
         except TimeoutError:
-            self._stale = True
+            self._mark_stale(producer)
             raise
+        except KafkaError as e:
+            if not isinstance(e, MESSAGE_ERRORS):
+                self._mark_stale(producer)
+            raise
+
+    def _mark_stale(self, producer: AIOKafkaProducer) -> None:
+        # Only the producer that failed: a batch of one already replaced fails no newer one.
+        if producer is self._producer:
+            self._stale = True
 
     async def _send(self, topic: str, messages: Sequence[Keyed]) -> None:
         """Appends each message to its partition's open record batch (:class:`_Lane`) and waits
@@ -252,7 +284,7 @@ class KafkaRunQueue:
             batch.acked.result()  # raises what the batch failed with
 
     async def _restart(self) -> None:
-        logger.warning("replacing the Kafka producer after a send passed its deadline")
+        logger.warning("replacing the Kafka producer after a send failed or passed its deadline")
         old, self._producer = self._producer, self._new_producer()
         # The old producer's lanes fail with it; the next messages start new ones.
         self._lanes = {}

@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+)
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
 
@@ -290,6 +295,52 @@ async def test_a_cancelled_submitter_fails_its_lanes_batches_at_once(config: Con
     finally:
         await queue.stop()
     assert await _consumed_run_ids(config, topic, 2) == ["third@r0", "third@r1"]
+
+
+async def test_a_producer_that_fails_on_its_own_state_is_replaced_once(config: Config) -> None:
+    """A batch failing with an error about the producer's state (OutOfOrderSequenceNumber: its
+    idempotence numbering went wrong after a batch expired) marks the producer stale; the
+    calls that find it stale together replace it once, and their messages go out on the new
+    one. An error about the message itself (too large) does not replace it."""
+    topic = config.topic("stale-producer")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    first = queue._producer
+
+    async def out_of_order(batch: Any, topic: str, *, partition: int) -> Any:
+        raise OutOfOrderSequenceNumber()
+
+    first.send_batch = out_of_order
+    made = 0
+    new_producer = queue._new_producer
+
+    def counted() -> Any:
+        nonlocal made
+        made += 1
+        return new_producer()
+
+    queue._new_producer = counted  # type: ignore[method-assign]
+    try:
+        with pytest.raises(OutOfOrderSequenceNumber):
+            await queue.enqueue(topic, _messages("a", 2))
+        assert queue._stale
+        await asyncio.gather(
+            queue.enqueue(topic, _messages("b", 2)), queue.enqueue(topic, _messages("c", 2))
+        )
+        assert made == 1
+        assert queue._producer is not first and not queue._stale
+        second = queue._producer
+        with pytest.raises(MessageSizeTooLargeError):
+            big = run_message_pb2.RunMessage(
+                schedule_id="big", run_id="big@r0", payload=b"x" * (2 << 20)
+            )
+            await queue.enqueue(topic, [big])
+        assert not queue._stale and queue._producer is second
+    finally:
+        await queue.stop()
+    got = await _consumed_run_ids(config, topic, 4)
+    assert sorted(got) == ["b@r0", "b@r1", "c@r0", "c@r1"]
 
 
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:

@@ -229,15 +229,36 @@ def test_fire_timers_keep_microseconds() -> None:
 
 
 def test_outages_are_transient_and_bad_timers_are_poison() -> None:
-    from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+    from aiokafka.errors import (
+        KafkaConnectionError,
+        KafkaError,
+        MessageSizeTooLargeError,
+        OutOfOrderSequenceNumber,
+        ProducerClosed,
+        RecordTooLargeError,
+    )
     from cassandra import OperationTimedOut
 
     from scheduler.firing import Firing
     from scheduler.model import UnsupportedVersion
 
-    for transient in (KafkaConnectionError(), OperationTimedOut(), ConnectionResetError()):
+    for transient in (
+        KafkaConnectionError(),
+        OperationTimedOut(),
+        ConnectionResetError(),
+        # The producer's own state, not the message: it is replaced and the batch sent again
+        # (as poison, a producer stuck on a partition quarantined every timer it carried).
+        OutOfOrderSequenceNumber(),
+        ProducerClosed(),
+        KafkaError("the producer dropped a record batch unsent (stopped?)"),
+    ):
         assert Firing.is_transient(transient), transient
-    for poison in (MessageSizeTooLargeError(), OverflowError(), UnsupportedVersion("v9")):
+    for poison in (
+        MessageSizeTooLargeError(),
+        RecordTooLargeError(),
+        OverflowError(),
+        UnsupportedVersion("v9"),
+    ):
         assert not Firing.is_transient(poison), poison
 
 
