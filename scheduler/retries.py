@@ -144,7 +144,8 @@ class Failures:
         """Retries or dead-letters each failed attempt (all FAILED or TIMED_OUT); idempotent,
         so a repeated report repeats the same rows. ``schedules`` may hold what the caller read
         already. A failure of a deleted or cancelled schedule stays as recorded: nothing is to
-        run for it any more."""
+        run for it any more. ``also`` (the outcome rows of a lease check's lost attempts) goes
+        in the last write, with the markers."""
         if not failed:
             if also:
                 await self._runs.write(also)
@@ -152,14 +153,17 @@ class Failures:
         now = self._clock()
         if schedules is None:
             schedules = await self._schedules.get_many([e.schedule_id for e in failed])
-        items: list[Write] = [*also, *self._runs.attempt_rows(failed)]
+        items: list[Write] = self._runs.attempt_rows(failed)
         # What tells a redelivered message that its attempt is done (RunStore.finished): the
         # run row's retry time or its DEAD_LETTERED. Written only once everything it stands for
         # (the retry's timer; the dead letter's rows and publish timer) has landed: one grouped
         # write is not atomic across partitions, and a marker landing without them (Cassandra
         # restarting mid-write, the reporting worker dying before it reports again) left a run
-        # dead-lettered with no dead letter, or a retry that never fires.
-        markers: list[Write] = []
+        # dead-lettered with no dead letter, or a retry that never fires. The same holds for a
+        # lease check's outcome (``also``): an attempt found TIMED_OUT is finished to the lease
+        # handed again, which would not retry it; it lands with its marker (the run's own
+        # partition, one batch).
+        markers: list[Write] = [*also]
         retries: list[RunTimer] = []
         hopeless: list[tuple[RunEventRecord, Schedule]] = []
         for e in failed:
@@ -322,9 +326,9 @@ class LeaseCheck:
         if rearm:
             await self._timers.put([t.to_timer(self._timers.shard_count) for t in rearm], now=now)
         if lost:
-            # The outcome, and the retry or the dead letter, in one grouped write: were the
-            # outcome written alone and the rest to fail, the lease (handed again) would find
-            # the attempt finished and the run would never be retried.
+            # The outcome only after the retry or the dead letter: were the outcome to land and
+            # the rest to fail, the lease (handed again) would find the attempt finished and
+            # the run would never be retried (``Failures.handle`` writes it with the markers).
             await self._failures.handle(lost, also=self._runs.event_rows(lost, now=now))
 
 
