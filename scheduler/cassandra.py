@@ -252,7 +252,7 @@ class CassandraScheduleStore:
         first_bucket, last_bucket = minute_bucket(since), minute_bucket(until)
         pages = await asyncio.gather(
             *(
-                aexecute(self._session, self.q["changes_since"], (bucket, since, until))
+                aexecute_all(self._session, self.q["changes_since"], (bucket, since, until))
                 for bucket in range(first_bucket, last_bucket + 1)
             )
         )

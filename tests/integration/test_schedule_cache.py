@@ -368,3 +368,13 @@ async def test_a_change_whose_announcement_was_too_slow_is_not_made(rig: Rig) ->
     since = datetime.now(UTC) - timedelta(minutes=1)
     changes = await rig.stores.schedules.changes(since, datetime.now(UTC))
     assert s.schedule_id in {sid for _at, sid in changes}
+
+
+async def test_every_announcement_of_a_busy_minute_is_read(rig: Rig) -> None:
+    """More changes in a minute than the driver's first page (5,000 rows, a bulk pause): each is
+    read, not only the first page's (the cache would go on firing the rest as they were)."""
+    ids = [f"bulk-{uuid.uuid4().hex[:8]}-{i}" for i in range(6_000)]
+    since = datetime.now(UTC)
+    await rig.stores.schedules.announce(ids)
+    read = {sid for _, sid in await rig.stores.schedules.changes(since, datetime.now(UTC))}
+    assert read >= set(ids), f"{len(set(ids) - read)} announcements not read"
