@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cassandra.cluster import Session
 from cassandra.query import UNSET_VALUE, SimpleStatement
@@ -37,9 +37,10 @@ from scheduler.model import (
     millis,
     parse_run_id,
 )
-from scheduler.schedule_cache import ANNOUNCE_LIMIT
+from scheduler.schedule_cache import ANNOUNCE_LIMIT, CHANGE_GRACE, HOLD
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How far back ListRuns looks: the run table's TTL.
 RUN_RETENTION_DAYS = 30
@@ -123,11 +124,17 @@ class CassandraScheduleStore:
     """Schedules by id. Changes are compare-and-set on ``version`` (rare, so LWT is fine)."""
 
     def __init__(
-        self, session: Session, *, keyspace: str, announce_limit: timedelta = ANNOUNCE_LIMIT
+        self,
+        session: Session,
+        *,
+        keyspace: str,
+        announce_limit: timedelta = ANNOUNCE_LIMIT,
+        announce_again_after: timedelta = HOLD - CHANGE_GRACE,
     ) -> None:
         self._session = session
         self.q = Queries(session, Path(__file__).with_name("queries.cql"), keyspace=keyspace)
         self._announce_limit = announce_limit
+        self._announce_again_after = announce_again_after
 
     async def create(self, s: Schedule) -> None:
         """Stores a new schedule; AlreadyExists if its id is taken."""
@@ -258,6 +265,34 @@ class CassandraScheduleStore:
         )
         return [(aware(r.changed_at), r.schedule_id) for rows in pages for r in rows]
 
+    async def announced(self, schedule_ids: Iterable[str], change: Callable[[], Awaitable[T]]) -> T:
+        """Makes ``change`` after announcing it (:meth:`announce`), and announces it again if it
+        landed later than dispatchers hold the schedules out of their caches (``HOLD``, less
+        the announcements' grace): meanwhile one may have cached the rows as they were, and
+        would go on firing from that copy."""
+        ids = list(schedule_ids)
+        started = datetime.now(UTC)
+        await self.announce(ids)
+        result = await change()
+        took = datetime.now(UTC) - started
+        if took > self._announce_again_after:
+            logger.warning(
+                "a change of %s landed %.0f s after its announcement; announcing it again",
+                ", ".join(ids[:5]),
+                took.total_seconds(),
+            )
+            try:
+                await self.announce(ids)
+            except Unavailable as e:
+                # The change is made: refusing the call would tell the client it was not.
+                logger.error(
+                    "announcing the change of %s again failed (%s): a dispatcher that cached "
+                    "them meanwhile fires from its copy until it reads them again",
+                    ", ".join(ids[:5]),
+                    e,
+                )
+        return result
+
     async def change_state(
         self,
         current: Schedule,
@@ -271,22 +306,24 @@ class CassandraScheduleStore:
         pause_time: datetime | None = None,
     ) -> bool:
         """Compare-and-set on ``current.version``; False if a concurrent change won."""
-        await self.announce([current.schedule_id])
-        applied, _ = await execute_conditional(
-            self._session,
-            self.q["set_state"],
-            {
-                "state": state.value,
-                "version": current.version + 1,
-                "generation": generation,
-                "update_time": now,
-                "pause_note": pause_note or None,
-                "paused_by": paused_by or None,
-                "pause_time": pause_time,
-                "next_fire_time": next_fire_time,
-                "schedule_id": current.schedule_id,
-                "expected_version": current.version,
-            },
+        applied, _ = await self.announced(
+            [current.schedule_id],
+            lambda: execute_conditional(
+                self._session,
+                self.q["set_state"],
+                {
+                    "state": state.value,
+                    "version": current.version + 1,
+                    "generation": generation,
+                    "update_time": now,
+                    "pause_note": pause_note or None,
+                    "paused_by": paused_by or None,
+                    "pause_time": pause_time,
+                    "next_fire_time": next_fire_time,
+                    "schedule_id": current.schedule_id,
+                    "expected_version": current.version,
+                },
+            ),
         )
         return applied
 
@@ -295,26 +332,28 @@ class CassandraScheduleStore:
         policies, after) with its state, version, generation, update and next fire times: a
         compare-and-set on ``expected_version``. Returns (applied, the stored version when a
         concurrent change won, None if the schedule is gone)."""
-        await self.announce([s.schedule_id])
-        applied, current = await execute_conditional(
-            self._session,
-            self.q["update_schedule"],
-            {
-                "name": s.name,
-                "handler": s.handler,
-                "spec": s.spec.to_json(),
-                "payload": s.payload,
-                "max_runtime_ms": millis(s.max_runtime) if s.max_runtime else None,
-                "policies": s.policies.to_json(),
-                "after": set(s.after) or None,
-                "state": s.state.value,
-                "version": s.version,
-                "generation": s.generation,
-                "update_time": s.update_time,
-                "next_fire_time": s.next_fire_time,
-                "schedule_id": s.schedule_id,
-                "expected_version": expected_version,
-            },
+        applied, current = await self.announced(
+            [s.schedule_id],
+            lambda: execute_conditional(
+                self._session,
+                self.q["update_schedule"],
+                {
+                    "name": s.name,
+                    "handler": s.handler,
+                    "spec": s.spec.to_json(),
+                    "payload": s.payload,
+                    "max_runtime_ms": millis(s.max_runtime) if s.max_runtime else None,
+                    "policies": s.policies.to_json(),
+                    "after": set(s.after) or None,
+                    "state": s.state.value,
+                    "version": s.version,
+                    "generation": s.generation,
+                    "update_time": s.update_time,
+                    "next_fire_time": s.next_fire_time,
+                    "schedule_id": s.schedule_id,
+                    "expected_version": expected_version,
+                },
+            ),
         )
         version = current.get("version")
         return applied, int(version) if version is not None else None
@@ -392,9 +431,9 @@ class CassandraScheduleStore:
         await aexecute(self._session, self.q["clear_quarantine"], {"schedule_id": schedule_id})
 
     async def delete(self, schedule_id: str) -> None:
-        await self.announce([schedule_id])
-        applied, _ = await execute_conditional(
-            self._session, self.q["delete_schedule"], (schedule_id,)
+        applied, _ = await self.announced(
+            [schedule_id],
+            lambda: execute_conditional(self._session, self.q["delete_schedule"], (schedule_id,)),
         )
         if not applied:
             raise NotFound(f"schedule {schedule_id!r} not found")

@@ -158,24 +158,24 @@ class DependencyGraph:
 
     async def link(self, schedule_id: str, upstreams: Iterable[str]) -> None:
         """Adds ``schedule_id`` to each upstream's ``downstream`` set (grouped writes)."""
-        await self._schedules.announce(upstreams)
-        await write_grouped(
-            self._session,
-            [
-                Write(up, self._q["add_downstream"], ({schedule_id}, up))
-                for up in sorted(set(upstreams))
-            ],
+        ups = sorted(set(upstreams))
+        await self._schedules.announced(
+            ups,
+            lambda: write_grouped(
+                self._session,
+                [Write(up, self._q["add_downstream"], ({schedule_id}, up)) for up in ups],
+            ),
         )
 
     async def unlink(self, schedule_id: str, upstreams: Iterable[str]) -> None:
         """Removes ``schedule_id`` from each upstream's ``downstream`` set (grouped writes)."""
-        await self._schedules.announce(upstreams)
-        await write_grouped(
-            self._session,
-            [
-                Write(up, self._q["remove_downstream"], ({schedule_id}, up))
-                for up in sorted(set(upstreams))
-            ],
+        ups = sorted(set(upstreams))
+        await self._schedules.announced(
+            ups,
+            lambda: write_grouped(
+                self._session,
+                [Write(up, self._q["remove_downstream"], ({schedule_id}, up)) for up in ups],
+            ),
         )
 
     async def relink(

@@ -378,3 +378,39 @@ async def test_every_announcement_of_a_busy_minute_is_read(rig: Rig) -> None:
     await rig.stores.schedules.announce(ids)
     read = {sid for _, sid in await rig.stores.schedules.changes(since, datetime.now(UTC))}
     assert read >= set(ids), f"{len(set(ids) - read)} announcements not read"
+
+
+async def test_a_change_landing_after_the_hold_is_announced_again(rig: Rig) -> None:
+    """A change written later than dispatchers hold its schedule out of their caches (an API
+    stalled between announcing and writing): one may have cached the row as it was, so the
+    change is announced again once written. One that lands in time is announced once."""
+    s, _first = await _every_minute(rig)
+
+    async def announcements() -> int:
+        since = datetime.now(UTC) - timedelta(minutes=1)
+        changes = await rig.stores.schedules.changes(since, datetime.now(UTC))
+        return sum(1 for _at, sid in changes if sid == s.schedule_id)
+
+    current = await rig.stores.schedules.get(s.schedule_id)
+    assert await rig.stores.schedules.change_state(
+        current,
+        state=ScheduleState.PAUSED,
+        generation=current.generation,
+        now=datetime.now(UTC),
+        next_fire_time=None,
+    )
+    assert await announcements() == 1
+    # Any change takes longer than no time at all.
+    slow = CassandraScheduleStore(
+        rig.stores.session, keyspace=rig.keyspace, announce_again_after=timedelta(0)
+    )
+    paused = await rig.stores.schedules.get(s.schedule_id)
+    assert await slow.change_state(
+        paused,
+        state=ScheduleState.ACTIVE,
+        generation=paused.generation,
+        now=datetime.now(UTC),
+        next_fire_time=None,
+    )
+    assert await announcements() == 3
+    assert (await rig.stores.schedules.get(s.schedule_id)).state is ScheduleState.ACTIVE
