@@ -42,6 +42,8 @@ RUN_MESSAGE_SCHEMA_VERSION = 1
 # A batch's sends must be acknowledged within this (above the 10 s request timeout, which
 # covers one request, not a wait for metadata or buffer space on a broken connection).
 SEND_DEADLINE = 15.0
+# How long a replaced producer has to flush before it is closed regardless (``_close``).
+STOP_DEADLINE = 5.0
 # Kafka's answers about the messages themselves: sending them again cannot succeed (their
 # timers are poison). Any other KafkaError is about the brokers or the producer's own state.
 MESSAGE_ERRORS: tuple[type[KafkaError], ...] = (
@@ -288,12 +290,32 @@ class KafkaRunQueue:
         old, self._producer = self._producer, self._new_producer()
         # The old producer's lanes fail with it; the next messages start new ones.
         self._lanes = {}
-        try:
-            await asyncio.wait_for(old.stop(), 5)
-        except Exception as e:
-            logger.warning("stopping the old producer failed: %s", e)
+        await _close(old)
         await self._producer.start()  # raises while Kafka is away: replaced again next time
         self._stale = False
+
+
+async def _close(producer: AIOKafkaProducer) -> None:
+    """Stops a replaced producer: flushes what it holds within ``STOP_DEADLINE``, else drops it.
+
+    aiokafka's ``stop()`` marks the producer closed first and then waits for its accumulator to
+    drain; cut off there, it never stops its sender task or closes its connections, and a later
+    ``stop()`` returns at once. That sender went on retrying its batches and delivered them
+    once Kafka was back, long after the firings they carry were sent again: so its sender and
+    client are closed here (aiokafka's own ``Sender.close`` and ``client.close``), and the
+    batches it still held fail."""
+    try:
+        await asyncio.wait_for(producer.stop(), STOP_DEADLINE)
+        return
+    except Exception as e:
+        logger.warning("stopping the old Kafka producer failed (%s); dropping what it holds", e)
+    try:
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            await asyncio.wait_for(sender.close(), STOP_DEADLINE)
+        await asyncio.wait_for(producer.client.close(), STOP_DEADLINE)
+    except Exception as e:
+        logger.warning("closing the old Kafka producer failed: %s", e)
 
 
 @dataclass(eq=False, slots=True)

@@ -17,6 +17,7 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
 
+import scheduler.kafka
 from cronscale.v1 import run_message_pb2
 from scheduler.config import Config
 from scheduler.kafka import KafkaRunQueue, ensure_topics
@@ -341,6 +342,34 @@ async def test_a_producer_that_fails_on_its_own_state_is_replaced_once(config: C
         await queue.stop()
     got = await _consumed_run_ids(config, topic, 4)
     assert sorted(got) == ["b@r0", "b@r1", "c@r0", "c@r1"]
+
+
+async def test_a_replaced_producer_that_cannot_flush_is_closed_all_the_same(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replaced producer whose flush does not end within STOP_DEADLINE (its batches stuck on a
+    broker that is away) has its sender stopped and its connections closed: left running, it
+    delivered its batches once Kafka was back, long after their firings were sent again."""
+    monkeypatch.setattr(scheduler.kafka, "STOP_DEADLINE", 0.2)
+    topic = config.topic("unflushed")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(config.kafka_bootstrap)
+    await queue.start()
+    old = queue._producer
+
+    async def never_drains() -> None:
+        await asyncio.Event().wait()
+
+    old._message_accumulator.close = never_drains
+    queue._stale = True
+    try:
+        await queue.enqueue(topic, _messages("after", 1))
+        assert queue._producer is not old
+        assert old._sender.sender_task.done()
+        assert all(conn.connected() is False for conn in old.client._conns.values())
+    finally:
+        await queue.stop()
+    assert await _consumed_run_ids(config, topic, 1) == ["after@r0"]
 
 
 async def test_the_probe_asks_for_no_topic(config: Config) -> None:
