@@ -10,7 +10,10 @@ outcome is recorded.
 
 While the API is unreachable the batch is resent with backoff, forever: an event is never
 dropped. (A batch the API rejects as invalid is split to find the offending events; those fail
-with :class:`ReportRejected`.)
+with :class:`ReportRejected`. So is one refused ``STUBBORN_TRIES`` times in a row with an answer
+that does not say the API is away (PERMISSION_DENIED, INTERNAL, ...): one event the API cannot
+take would otherwise hold every later report of the worker behind it, and with them its
+offsets and fetching. A run whose outcome is refused is found by its lease and retried.)
 """
 
 from __future__ import annotations
@@ -41,6 +44,19 @@ BACKOFF_MAX = 2.0
 
 # A rejection that resending the same batch cannot cure.
 _REJECTED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
+# Answers from an API that is up but will not take the batch (a worker key no longer allowed a
+# tenant's runs, a bug, storage refusing a write): resending may cure it, a few times.
+_STUBBORN = frozenset(
+    {
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+# Tries of a batch refused with one of _STUBBORN before its offending events are isolated.
+STUBBORN_TRIES = 3
 
 _CHANNEL_OPTIONS = [
     # Reconnect quickly after an API restart instead of gRPC's default (up to 120 s) backoff.
@@ -237,11 +253,13 @@ class RunReporter:
     async def _send(self, batch: Sequence[_Pending]) -> None:
         """Sends ``batch`` until the API takes it; resolves every future in it."""
         delay = BACKOFF_INITIAL
+        stubborn = 0
         while True:
             try:
                 acks = await self._call(batch)
             except grpc.aio.AioRpcError as e:
-                if e.code() in _REJECTED:
+                stubborn = stubborn + 1 if e.code() in _STUBBORN else 0
+                if e.code() in _REJECTED or stubborn >= STUBBORN_TRIES:
                     await self._isolate_rejected(batch, e)
                     return
                 self.retries += 1
@@ -284,9 +302,10 @@ class RunReporter:
         if len(batch) == 1:
             pending = batch[0]
             logger.error(
-                "the API rejected the %s event of run %s: %s",
+                "the API rejected the %s event of run %s (%s: %s)",
                 pb.RunEventKind.Name(pending.event.kind),
                 pending.event.run_id,
+                error.code().name,
                 error.details(),
                 extra={"run_id": pending.event.run_id, "schedule_id": pending.event.schedule_id},
             )

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from cassandra import DriverException
+from cassandra import DriverException, RequestValidationException
 from cassandra.cluster import NoHostAvailable
 
 from bucketer.clock import ClockSkewed
@@ -43,7 +43,7 @@ def code_for(error: errors.CronscaleError) -> grpc.StatusCode:
 
 def grpc_errors(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
     """Wraps a servicer method: domain errors become their status; storage outages UNAVAILABLE;
-    anything else INTERNAL (logged with its traceback)."""
+    a request storage refuses, and anything else, INTERNAL (logged with its traceback)."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
@@ -53,6 +53,13 @@ def grpc_errors(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
             await context.abort(code_for(e), e.message)
         except ClockSkewed as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"this API replica: {e}")
+        except RequestValidationException:
+            # Cassandra refused the request itself (a batch too large, a value it cannot take):
+            # not an outage, and the same request again is refused again.
+            logger.exception("storage refused a request in %s", fn.__name__)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, "storage refused the request; see the API server log"
+            )
         except (StorageUnavailable, NoHostAvailable, DriverException) as e:
             logger.warning("storage unavailable in %s: %s", fn.__name__, e)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"storage unavailable: {e}")

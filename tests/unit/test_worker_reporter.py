@@ -13,13 +13,15 @@ import pytest
 from cronscale.v1 import run_reporting_service_pb2 as pb
 from cronscale.v1 import run_reporting_service_pb2_grpc as pb_grpc
 from worker.errors import ReportRejected
-from worker.reporter import RunReporter
+from worker.reporter import STUBBORN_TRIES, RunReporter
 
 
 class Recorder(pb_grpc.RunReportingServiceServicer):
     def __init__(self) -> None:
         self.batches: list[list[pb.RunEvent]] = []
         self.reject_run: str | None = None
+        self.deny_run: str | None = None
+        self.denied = 0
         self.cancel: set[str] = set()
 
     async def ReportRuns(
@@ -29,6 +31,9 @@ class Recorder(pb_grpc.RunReportingServiceServicer):
     ) -> pb.ReportRunsResponse:
         if any(e.run_id == self.reject_run for e in request.events):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "events[0].run_id: bad")
+        if any(e.run_id == self.deny_run for e in request.events):
+            self.denied += 1
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not this worker's tenant")
         self.batches.append(list(request.events))
         return pb.ReportRunsResponse(
             acks=[
@@ -118,6 +123,30 @@ async def test_a_rejected_event_is_isolated(api: tuple[Recorder, int]) -> None:
     assert isinstance(results[2], ReportRejected)
     assert [r.run_id for r in results if isinstance(r, pb.RunEventAck)] == ["a", "b", "c"]
     assert sorted(e.run_id for b in recorder.batches for e in b) == ["a", "b", "c"]
+
+
+async def test_an_event_the_api_keeps_refusing_does_not_hold_the_others(
+    api: tuple[Recorder, int],
+) -> None:
+    """An API that is up but answers PERMISSION_DENIED for one event (or INTERNAL, ...), every
+    time: after a few tries the batch is split, the others are taken, and that one fails with
+    ReportRejected instead of holding every later report behind it."""
+    recorder, port = api
+    recorder.deny_run = "denied"
+    async with RunReporter(f"127.0.0.1:{port}") as reporter:
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(reporter.report(event(r)) for r in ("a", "denied", "b", "c")),
+                return_exceptions=True,
+            ),
+            10,
+        )
+        later = await asyncio.wait_for(reporter.report(event("d")), 5)
+    assert isinstance(results[1], ReportRejected)
+    assert [r.run_id for r in results if isinstance(r, pb.RunEventAck)] == ["a", "b", "c"]
+    assert later.run_id == "d"
+    # Each batch holding it was tried STUBBORN_TRIES times, down to the event alone.
+    assert recorder.denied >= 2 * STUBBORN_TRIES
 
 
 async def test_report_after_close_is_an_error(api: tuple[Recorder, int]) -> None:
