@@ -44,6 +44,8 @@ RUN_MESSAGE_SCHEMA_VERSION = 1
 SEND_DEADLINE = 15.0
 # How long a replaced producer has to flush before it is closed regardless (``_close``).
 STOP_DEADLINE = 5.0
+# How long a producer has to start (connect, and get its idempotent producer id).
+START_DEADLINE = 30.0
 # Kafka's answers about the messages themselves: sending them again cannot succeed (their
 # timers are poison). Any other KafkaError is about the brokers or the producer's own state.
 MESSAGE_ERRORS: tuple[type[KafkaError], ...] = (
@@ -168,11 +170,14 @@ class KafkaRunQueue:
         """Starts the producer; Unavailable if Kafka cannot be reached (the queue may be
         started again: a producer that failed to start is replaced, never restarted)."""
         try:
-            await self._producer.start()
-        except KafkaConnectionError as e:
-            await self._producer.stop()
-            self._producer = self._new_producer()
-            raise _unreachable(self._bootstrap, self._security, e) from e
+            # Bounded: aiokafka's start waits for its producer id without end while no broker
+            # answers for it (a cluster half up), and a process starting would hang there.
+            await asyncio.wait_for(self._producer.start(), START_DEADLINE)
+        except (KafkaConnectionError, TimeoutError) as e:
+            failed, self._producer = self._producer, self._new_producer()
+            await _close(failed)
+            why = e if str(e) else TimeoutError(f"no answer within {START_DEADLINE:g} s")
+            raise _unreachable(self._bootstrap, self._security, why) from e
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -291,7 +296,7 @@ class KafkaRunQueue:
         # The old producer's lanes fail with it; the next messages start new ones.
         self._lanes = {}
         await _close(old)
-        await self._producer.start()  # raises while Kafka is away: replaced again next time
+        await self.start()  # raises while Kafka is away: replaced again next time
         self._stale = False
 
 
