@@ -126,7 +126,9 @@ class ListAuditEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """Empty on the last page. A page may hold fewer than page_size entries when filters apply."""
+    """Empty on the last page. A page before the last may hold fewer than page_size entries, even
+    none: filters drop entries, and a call reads a bounded number of partitions.
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditEvent]: ...
     def __init__(
