@@ -158,23 +158,18 @@ class DependencyGraph:
 
     async def link(self, schedule_id: str, upstreams: Iterable[str]) -> None:
         """Adds ``schedule_id`` to each upstream's ``downstream`` set (grouped writes)."""
-        ups = sorted(set(upstreams))
-        await self._schedules.announced(
-            ups,
-            lambda: write_grouped(
-                self._session,
-                [Write(up, self._q["add_downstream"], ({schedule_id}, up)) for up in ups],
-            ),
-        )
+        await self._set_downstream("add_downstream", schedule_id, upstreams)
 
     async def unlink(self, schedule_id: str, upstreams: Iterable[str]) -> None:
         """Removes ``schedule_id`` from each upstream's ``downstream`` set (grouped writes)."""
+        await self._set_downstream("remove_downstream", schedule_id, upstreams)
+
+    async def _set_downstream(self, query: str, schedule_id: str, upstreams: Iterable[str]) -> None:
         ups = sorted(set(upstreams))
         await self._schedules.announced(
             ups,
             lambda: write_grouped(
-                self._session,
-                [Write(up, self._q["remove_downstream"], ({schedule_id}, up)) for up in ups],
+                self._session, [Write(up, self._q[query], ({schedule_id}, up)) for up in ups]
             ),
         )
 

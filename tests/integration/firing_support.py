@@ -3,6 +3,7 @@ reading back what they produced."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer
@@ -15,6 +16,15 @@ from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue
+from scheduler.model import (
+    Run,
+    RunStatus,
+    Schedule,
+    ScheduleSpec,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
 from scheduler.reports import RunReports
 from scheduler.retries import DeadLetterPublisher, Failures, failures_of
 from scheduler.schedule_cache import ScheduleCache
@@ -51,6 +61,36 @@ def firing_on(
         fire_ahead=fire_ahead,
         cache=cache,
     )
+
+
+async def yearly_schedule_with_a_run(
+    stores: Stores, prefix: str, now: datetime, *, slot_ago: timedelta
+) -> tuple[str, Run]:
+    """A schedule due once a year (nothing of its own comes due in a test), stored, and the
+    ENQUEUED first attempt of its slot ``slot_ago`` before ``now`` (not written)."""
+    sid = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    await stores.schedules.create(
+        Schedule(
+            schedule_id=sid,
+            handler="echo",
+            spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 0 1 1 *"),
+            generation=new_generation(),
+            create_time=now,
+            update_time=now,
+        )
+    )
+    slot = now - slot_ago
+    run = Run(
+        run_id=run_id_for(sid, slot),
+        schedule_id=sid,
+        scheduled_for=slot,
+        status=RunStatus.ENQUEUED,
+        attempt=1,
+        handler="echo",
+        tenant="default",
+        enqueue_time=slot,
+    )
+    return sid, run
 
 
 def reports_on(

@@ -9,7 +9,6 @@ retried."""
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,17 +19,12 @@ from cassandra import OperationTimedOut
 from bucketer.cql import Write, aexecute
 from scheduler.config import Config
 from scheduler.model import (
-    Run,
     RunStatus,
-    Schedule,
-    ScheduleSpec,
-    SpecKind,
-    new_generation,
-    run_id_for,
 )
 from scheduler.retries import Failures, LeaseCheck
 from scheduler.session import Stores, open_stores
 from scheduler.timers import LeaseTimer, RunTimer
+from tests.integration.firing_support import yearly_schedule_with_a_run
 
 
 @pytest.fixture
@@ -69,29 +63,10 @@ async def test_a_lost_attempt_whose_retry_failed_to_land_is_retried_when_handed_
     stores: Stores, migrated: Config
 ) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
-    sid = f"lease-{uuid.uuid4().hex[:8]}"
-    await stores.schedules.create(
-        Schedule(
-            schedule_id=sid,
-            handler="echo",
-            spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 0 1 1 *"),
-            generation=new_generation(),
-            create_time=now,
-            update_time=now,
-        )
+    sid, enqueued = await yearly_schedule_with_a_run(
+        stores, "lease", now, slot_ago=timedelta(minutes=10)
     )
-    slot = now - timedelta(minutes=10)
-    run_id = run_id_for(sid, slot)
-    enqueued = Run(
-        run_id=run_id,
-        schedule_id=sid,
-        scheduled_for=slot,
-        status=RunStatus.ENQUEUED,
-        attempt=1,
-        handler="echo",
-        tenant="default",
-        enqueue_time=slot,
-    )
+    run_id, slot = enqueued.run_id, enqueued.scheduled_for
     await stores.runs.write(stores.runs.insert_rows([enqueued]))
     lease = LeaseTimer(schedule_id=sid, run_id=run_id, attempt=1, fire_at=now)
 

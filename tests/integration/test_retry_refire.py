@@ -22,18 +22,16 @@ from scheduler.config import Config
 from scheduler.kafka import KafkaRunQueue, Keyed, ensure_topics
 from scheduler.model import (
     FollowUp,
-    Run,
     RunEventRecord,
     RunStatus,
-    Schedule,
-    ScheduleSpec,
-    SpecKind,
-    new_generation,
-    run_id_for,
 )
 from scheduler.session import Stores, open_stores
 from scheduler.timers import RunTimer
-from tests.integration.firing_support import firing_on, read_run_messages
+from tests.integration.firing_support import (
+    firing_on,
+    read_run_messages,
+    yearly_schedule_with_a_run,
+)
 
 
 class BrokerAwayOnce(KafkaRunQueue):
@@ -64,29 +62,10 @@ async def test_a_retry_handed_again_after_its_produce_failed_is_produced(
     await queue.start()
     firing = firing_on(stores, queue, topic, migrated.keyspace)
     now = datetime.now(UTC).replace(microsecond=0)
-    sid = f"refire-{uuid.uuid4().hex[:8]}"
-    await stores.schedules.create(
-        Schedule(
-            schedule_id=sid,
-            handler="echo",
-            spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 0 1 1 *"),
-            generation=new_generation(),
-            create_time=now,
-            update_time=now,
-        )
+    sid, first = await yearly_schedule_with_a_run(
+        stores, "refire", now, slot_ago=timedelta(seconds=30)
     )
-    slot = now - timedelta(seconds=30)
-    run_id = run_id_for(sid, slot)
-    first = Run(
-        run_id=run_id,
-        schedule_id=sid,
-        scheduled_for=slot,
-        status=RunStatus.ENQUEUED,
-        attempt=1,
-        handler="echo",
-        tenant="default",
-        enqueue_time=slot,
-    )
+    run_id, slot = first.run_id, first.scheduled_for
     # Attempt 1 ran and failed: its row shows it, and the retry (attempt 2) is due.
     failed = RunEventRecord(
         run_id=run_id,
