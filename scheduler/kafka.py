@@ -138,11 +138,19 @@ class KafkaRunQueue:
     """
 
     def __init__(
-        self, bootstrap: str, *, linger_ms: int = 5, security: KafkaSecurity | None = None
+        self,
+        bootstrap: str,
+        *,
+        linger_ms: int = 5,
+        security: KafkaSecurity | None = None,
+        start_deadline: float = START_DEADLINE,
+        stop_deadline: float = STOP_DEADLINE,
     ) -> None:
         self._bootstrap = bootstrap
         self._linger_ms = linger_ms
         self._security = security or KafkaSecurity()
+        self._start_deadline = start_deadline
+        self._stop_deadline = stop_deadline
         self._stale = False
         self._restarting = asyncio.Lock()
         self._partitioner = KeyPartitioner()
@@ -172,11 +180,11 @@ class KafkaRunQueue:
         try:
             # Bounded: aiokafka's start waits for its producer id without end while no broker
             # answers for it (a cluster half up), and a process starting would hang there.
-            await asyncio.wait_for(self._producer.start(), START_DEADLINE)
+            await asyncio.wait_for(self._producer.start(), self._start_deadline)
         except (KafkaConnectionError, TimeoutError) as e:
             failed, self._producer = self._producer, self._new_producer()
-            await _close(failed)
-            why = e if str(e) else TimeoutError(f"no answer within {START_DEADLINE:g} s")
+            await _close(failed, self._stop_deadline)
+            why = e if str(e) else TimeoutError(f"no answer within {self._start_deadline:g} s")
             raise _unreachable(self._bootstrap, self._security, why) from e
 
     async def stop(self) -> None:
@@ -295,13 +303,13 @@ class KafkaRunQueue:
         old, self._producer = self._producer, self._new_producer()
         # The old producer's lanes fail with it; the next messages start new ones.
         self._lanes = {}
-        await _close(old)
+        await _close(old, self._stop_deadline)
         await self.start()  # raises while Kafka is away: replaced again next time
         self._stale = False
 
 
-async def _close(producer: AIOKafkaProducer) -> None:
-    """Stops a replaced producer: flushes what it holds within ``STOP_DEADLINE``, else drops it.
+async def _close(producer: AIOKafkaProducer, deadline: float) -> None:
+    """Stops a replaced producer: flushes what it holds within ``deadline``, else drops it.
 
     aiokafka's ``stop()`` marks the producer closed first and then waits for its accumulator to
     drain; cut off there, it never stops its sender task or closes its connections, and a later
@@ -310,15 +318,15 @@ async def _close(producer: AIOKafkaProducer) -> None:
     client are closed here (aiokafka's own ``Sender.close`` and ``client.close``), and the
     batches it still held fail."""
     try:
-        await asyncio.wait_for(producer.stop(), STOP_DEADLINE)
+        await asyncio.wait_for(producer.stop(), deadline)
         return
     except Exception as e:
         logger.warning("stopping the old Kafka producer failed (%s); dropping what it holds", e)
     try:
         sender = getattr(producer, "_sender", None)
         if sender is not None:
-            await asyncio.wait_for(sender.close(), STOP_DEADLINE)
-        await asyncio.wait_for(producer.client.close(), STOP_DEADLINE)
+            await asyncio.wait_for(sender.close(), deadline)
+        await asyncio.wait_for(producer.client.close(), deadline)
     except Exception as e:
         logger.warning("closing the old Kafka producer failed: %s", e)
 

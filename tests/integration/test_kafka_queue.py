@@ -17,7 +17,6 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, MetadataRequest_v5
 
-import scheduler.kafka
 from cronscale.v1 import run_message_pb2
 from scheduler.config import Config
 from scheduler.kafka import KafkaRunQueue, ensure_topics
@@ -345,15 +344,14 @@ async def test_a_producer_that_fails_on_its_own_state_is_replaced_once(config: C
 
 
 async def test_a_replaced_producer_that_cannot_flush_is_closed_all_the_same(
-    config: Config, monkeypatch: pytest.MonkeyPatch
+    config: Config,
 ) -> None:
-    """A replaced producer whose flush does not end within STOP_DEADLINE (its batches stuck on a
+    """A replaced producer whose flush does not end within its stop deadline (its batches stuck on a
     broker that is away) has its sender stopped and its connections closed: left running, it
     delivered its batches once Kafka was back, long after their firings were sent again."""
-    monkeypatch.setattr(scheduler.kafka, "STOP_DEADLINE", 0.2)
     topic = config.topic("unflushed")
     await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
-    queue = KafkaRunQueue(config.kafka_bootstrap)
+    queue = KafkaRunQueue(config.kafka_bootstrap, stop_deadline=0.2)
     await queue.start()
     old = queue._producer
 

@@ -1,6 +1,6 @@
 """Starting the run queue's producer (scheduler.kafka.KafkaRunQueue.start) against a broker
 address that accepts connections and never answers (a cluster half up): it gives up within
-START_DEADLINE with Unavailable naming the address, instead of hanging the process's start.
+its start deadline with Unavailable naming the address, instead of hanging the process's start.
 Loopback only; no Kafka needed."""
 
 from __future__ import annotations
@@ -9,16 +9,11 @@ import asyncio
 
 import pytest
 
-import scheduler.kafka
 from scheduler.errors import Unavailable
 from scheduler.kafka import KafkaRunQueue
 
 
-async def test_a_broker_that_never_answers_fails_the_start_in_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(scheduler.kafka, "START_DEADLINE", 0.5)
-    monkeypatch.setattr(scheduler.kafka, "STOP_DEADLINE", 0.2)
+async def test_a_broker_that_never_answers_fails_the_start_in_time() -> None:
     held: list[asyncio.StreamWriter] = []
 
     async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -26,7 +21,7 @@ async def test_a_broker_that_never_answers_fails_the_start_in_time(
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    queue = KafkaRunQueue(f"127.0.0.1:{port}")
+    queue = KafkaRunQueue(f"127.0.0.1:{port}", start_deadline=0.5, stop_deadline=0.2)
     try:
         with pytest.raises(Unavailable, match=f"cannot reach Kafka at 127.0.0.1:{port}"):
             await asyncio.wait_for(queue.start(), 5)
