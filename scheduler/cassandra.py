@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -103,14 +103,24 @@ def _run_key(schedule_id: str, day: int, scheduled_for: datetime, run_id: str) -
     }
 
 
+def retry_pending(row: Any, now: datetime, stale_after: timedelta) -> bool:
+    """Whether a run row shows a failed attempt whose retry is written and not yet taken: the
+    run is still in progress as its schedule's overlap policy weighs it (a slot due during the
+    backoff must not start beside the retry), until ``stale_after`` past the retry's due time
+    (a retry never enqueued by then, its timer lost, no longer holds the schedule)."""
+    at = row.next_attempt_time
+    return row.status in _FAILURES and at is not None and now - aware(at) < stale_after
+
+
 def run_alive(row: Any, scheduled_for: datetime, now: datetime, stale_after: timedelta) -> bool:
-    """Whether a run is in progress by its run row (None: not written): not ended, and a
-    sign of life (its slot, enqueue, start or last heartbeat) within ``stale_after``. A run
-    with no row is in progress only until ``UNRECORDED_RUN`` past its slot."""
+    """Whether a run is in progress by its run row (None: not written): not ended (a failed
+    attempt with its retry pending is not: ``retry_pending``), and a sign of life (its slot,
+    enqueue, start or last heartbeat) within ``stale_after``. A run with no row is in progress
+    only until ``UNRECORDED_RUN`` past its slot."""
     if row is None:
         return now - scheduled_for < min(stale_after, UNRECORDED_RUN)
     if row.status in _ENDED:
-        return False
+        return retry_pending(row, now, stale_after)
     seen = [t for t in (row.enqueue_time, row.start_time, row.heartbeat_time) if t]
     return now - max([scheduled_for, *(aware(t) for t in seen)]) < stale_after
 
@@ -376,7 +386,8 @@ class CassandraScheduleStore:
         )
 
     def touch_active(self, schedule_id: str, now: datetime) -> Write:
-        """A sign of life of the schedule's run in progress (a heartbeat)."""
+        """A sign of life of the schedule's run in progress at ``now`` (a heartbeat), or the
+        one expected then (its retry's due time: ``Failures.handle``)."""
         return Write(schedule_id, self.q["touch_active"], {"seen": now, "schedule_id": schedule_id})
 
     def mark_done(self, schedule_id: str, run_id: str, enqueued: datetime) -> Write:
@@ -584,9 +595,13 @@ class CassandraRunStore:
         """Applies worker reports, and ``also``, in one grouped write (see ``event_rows``)."""
         await write_grouped(self.session, [*self.event_rows(events, now=now), *also])
 
-    def event_rows(self, events: Sequence[RunEventRecord], *, now: datetime) -> list[Write]:
+    def event_rows(
+        self, events: Sequence[RunEventRecord], *, now: datetime, retried: Collection[str] = ()
+    ) -> list[Write]:
         """Applies worker reports, grouped by partition: each run row at its cell time, and the
-        schedule's overlap cells (a heartbeat is a sign of life, an outcome ends the run).
+        schedule's overlap cells (a heartbeat is a sign of life, an outcome ends the run,
+        unless the run is among ``retried``: a failed attempt whose retry follows leaves its
+        run in progress).
 
         No write here is ordered by a worker's clock. Backfill runs stay out of the overlap
         cells, so they never hold up the schedule's own slots. A retry's start or outcome also
@@ -666,7 +681,7 @@ class CassandraRunStore:
                 # A run whose message names its schedule's next fire timer was marked in
                 # progress on that timer, not on the schedule row: its end is noted there, or,
                 # that timer too close to due, found from its run row when the timer fires.
-                if tracked and e.next_fire_time is None:
+                if tracked and e.next_fire_time is None and e.run_id not in retried:
                     items.append(
                         self._schedules.mark_done(
                             e.schedule_id, e.run_id, e.enqueue_time or e.scheduled_for
@@ -705,12 +720,17 @@ class CassandraRunStore:
 
         return await self._runs_where("get_run_outcome", list(attempts), done)
 
-    async def ended(self, run_ids: Sequence[str]) -> set[str]:
-        """Which of the runs have ended (their latest attempt has an outcome, or they were
-        skipped): for the few runs a schedule row still shows in progress whose end was noted
-        elsewhere (a fire timer's ``done_run``), never for every firing."""
+    async def ended(
+        self, run_ids: Sequence[str], *, now: datetime, stale_after: timedelta
+    ) -> set[str]:
+        """Which of the runs have ended (their latest attempt has an outcome and no retry is
+        pending, ``retry_pending``; or they were skipped): for the few runs a schedule row
+        still shows in progress whose end was noted elsewhere (a fire timer's ``done_run``),
+        never for every firing."""
         return await self._runs_where(
-            "get_run_status", list(run_ids), lambda row: row.status in _ENDED
+            "get_run_outcome",
+            list(run_ids),
+            lambda row: row.status in _ENDED and not retry_pending(row, now, stale_after),
         )
 
     async def still_running(

@@ -53,8 +53,10 @@ from scheduler.model import (
     MISFIRE_THRESHOLD,
     STALE_RUN,
     BufferedRun,
+    FollowUp,
     OverlapMode,
     Run,
+    RunEventRecord,
     RunStatus,
     Schedule,
     ScheduleState,
@@ -434,6 +436,23 @@ def _retry_wanted(row: Run, r: RunTimer) -> bool:
     )
 
 
+def _cancelled_before(row: Run, r: RunTimer, now: datetime) -> RunEventRecord:
+    """The end of a run asked to cancel while its retry ``r`` was pending: CANCELLED at the
+    retry's attempt (above the failure it follows; it clears the retry time), its end noted on
+    its schedule as a worker's report of it would be."""
+    return RunEventRecord(
+        run_id=row.run_id,
+        schedule_id=row.schedule_id,
+        scheduled_for=row.scheduled_for,
+        status=RunStatus.CANCELLED,
+        event_time=now,
+        attempt=r.attempt,
+        error=f"cancelled before attempt {r.attempt}",
+        enqueue_time=row.enqueue_time,
+        follow_up=FollowUp.NONE,
+    )
+
+
 class Firing:
     """Turns due timers into enqueued (or skipped) runs and next timers."""
 
@@ -690,7 +709,11 @@ class Firing:
         # The schedule row shows the run enqueued last in progress until a report marks it
         # done there; a run whose end was noted on a fire timer is done, yet marked only there.
         ended, alive = await asyncio.gather(
-            self._runs.ended(list(in_progress)) if in_progress else _nothing(),
+            (
+                self._runs.ended(list(in_progress), now=now, stale_after=STALE_RUN)
+                if in_progress
+                else _nothing()
+            ),
             (
                 self._runs.still_running(list(carried), now=now, stale_after=STALE_RUN)
                 if carried
@@ -754,8 +777,9 @@ class Firing:
         attempt or later, or that moved past it, is dropped. A row showing the retry's own
         attempt still ENQUEUED is fired again: that is this batch handed again after its rows
         were written and its produce failed (the message may never have reached Kafka; loss
-        path 1 as for first attempts), not a second timer. One read per retry, never per
-        firing."""
+        path 1 as for first attempts), not a second timer. A retry of a run asked to cancel
+        while its retry was pending (CANCEL_PREVIOUS, CancelSchedule) is not sent: the run is
+        recorded CANCELLED. One read per retry, never per firing."""
         retries = [r for r in runs if r.attempt > 1]
         if not retries:
             return runs, timers
@@ -763,6 +787,8 @@ class Firing:
         kept: list[RunTimer] = []
         kept_timers: list[Timer] = []
         seen: set[tuple[str, int]] = set()
+        cancelled: list[RunEventRecord] = []
+        now = self._clock()
         for r, t in zip(runs, timers, strict=True):
             if r.attempt > 1:
                 row = rows.get(r.run_id)
@@ -770,6 +796,9 @@ class Firing:
                     metrics.TIMERS_SUPERSEDED.inc()
                     continue
                 seen.add((r.run_id, r.attempt))
+                if row.cancel_requested and row.attempt < r.attempt:
+                    cancelled.append(_cancelled_before(row, r, now))
+                    continue
                 r = replace(
                     r,
                     manual=row.manual,
@@ -778,6 +807,15 @@ class Firing:
                 )
             kept.append(r)
             kept_timers.append(t)
+        if cancelled:
+            await self._runs.write(self._runs.event_rows(cancelled, now=now))
+            for e in cancelled:
+                logger.info(
+                    "run %s cancelled before its attempt %d",
+                    e.run_id,
+                    e.attempt,
+                    extra={"run_id": e.run_id, "schedule_id": e.schedule_id},
+                )
         return kept, kept_timers
 
     async def _drop_delivered(self, plan: FiringPlan, recheck: set[str]) -> None:

@@ -482,6 +482,8 @@ class Run:
     heartbeat_time: datetime | None = None
     # How long the tenant's enqueue-rate quota held the run back (scheduler.fairness).
     deferred: timedelta | None = None
+    # An operator or a CANCEL_PREVIOUS slot asked its worker to cancel it.
+    cancel_requested: bool = False
 
     @classmethod
     def from_row(cls, row: Any) -> Run:
@@ -509,6 +511,7 @@ class Run:
                 if getattr(row, "deferred_ms", None)
                 else None
             ),
+            cancel_requested=bool(getattr(row, "cancel_requested", None)),
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -79,31 +79,51 @@ class RunReports:
         if done:
             events = [e for e in events if not (e.check_done and e.run_id in done)]
         now = self._clock()
-        await self._runs.record_events(events, now=now, also=self.settle_rows(events, now))
+        failed = [e for e in events if e.status in FAILURES]
+        rest = [e for e in events if e.status not in FAILURES] if failed else events
+        if rest:
+            await self._runs.record_events(rest, now=now, also=self.settle_rows(rest, now))
         # A run whose message said nothing follows its end (no dependents, no held-back run)
         # costs no schedule read here, unless it failed (its retry policy is on the schedule).
         finished = [e for e in events if e.status in _TERMINAL and e.follow_up is not FollowUp.NONE]
-        failed = [e for e in events if e.status in FAILURES]
         if finished or failed:
             schedules = await self._schedules.get_many(
                 [e.schedule_id for e in (*finished, *failed)]
             )
-            await self._failures.handle(failed, schedules)
+            # A failure's outcome is written with what follows it (its retry or dead letter),
+            # and a run whose retry follows stays in progress: its end is not noted, nor does
+            # it release a held-back run.
+            retried: frozenset[str] = frozenset()
+            if failed:
+                retried = await self._failures.handle(
+                    failed,
+                    schedules,
+                    outcomes=lambda retried: [
+                        *self._runs.event_rows(failed, now=now, retried=retried),
+                        *self.settle_rows(failed, now, retried=retried),
+                    ],
+                )
+            finished = [e for e in finished if e.run_id not in retried]
             if finished:
-                await self._after_finish(finished, schedules)
+                busy = {e.schedule_id for e in failed if e.run_id in retried}
+                await self._after_finish(finished, schedules, busy)
         beats = [e.run_id for e in events if e.status is None]
         cancel = await self._runs.cancel_requested(beats) if beats else set()
         return Recorded(cancel=cancel, done=done)
 
-    def settle_rows(self, events: Sequence[RunEventRecord], now: datetime) -> list[Write]:
+    def settle_rows(
+        self, events: Sequence[RunEventRecord], now: datetime, *, retried: Collection[str] = ()
+    ) -> list[Write]:
         """Items settling finished attempts' lease timers, and noting on their schedules' next
         fire timers the runs that ended (``RunEventRecord.done_noted_on_timer``; the store
-        then leaves the schedule row alone)."""
+        then leaves the schedule row alone), less those whose retry follows (``retried``)."""
         shards = self._timers.shard_count
         notes = [
             (fire_timer_place(e.schedule_id, e.next_fire_time, shards), e.run_id)
             for e in events
-            if e.next_fire_time is not None and e.done_noted_on_timer(now)
+            if e.next_fire_time is not None
+            and e.done_noted_on_timer(now)
+            and e.run_id not in retried
         ]
         items = self._timers.done_rows(notes, now=now) if notes else []
         leases = [
@@ -122,8 +142,14 @@ class RunReports:
         return items + self._timers.settle_rows(leases, now=now) if leases else items
 
     async def _after_finish(
-        self, finished: Sequence[RunEventRecord], schedules: Mapping[str, Schedule]
+        self,
+        finished: Sequence[RunEventRecord],
+        schedules: Mapping[str, Schedule],
+        busy: Collection[str],
     ) -> None:
+        """Fires the downstream schedules of runs that succeeded, and releases the runs
+        BUFFER_ONE held back on schedules with nothing left in progress (``busy``: schedules
+        with a run whose retry follows)."""
         now = self._clock()
         timers: list[RunTimer] = []
         for e in finished:
@@ -145,7 +171,7 @@ class RunReports:
         released: list[Write] = []
         to_clear: list[tuple[str, str]] = []
         for sid, s in schedules.items():
-            if s.buffered is None:
+            if s.buffered is None or sid in busy:
                 continue
             done = {e.run_id for e in finished if e.schedule_id == sid}
             still = [r for r in s.in_progress(now, stale_after=STALE_RUN) if r not in done]

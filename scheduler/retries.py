@@ -139,17 +139,19 @@ class Failures:
         failed: Sequence[RunEventRecord],
         schedules: Mapping[str, Schedule] | None = None,
         *,
-        also: Sequence[Write] = (),
-    ) -> None:
+        outcomes: Callable[[frozenset[str]], Sequence[Write]] | None = None,
+    ) -> frozenset[str]:
         """Retries or dead-letters each failed attempt (all FAILED or TIMED_OUT); idempotent,
         so a repeated report repeats the same rows. ``schedules`` may hold what the caller read
         already. A failure of a deleted or cancelled schedule stays as recorded: nothing is to
-        run for it any more. ``also`` (the outcome rows of a lease check's lost attempts) goes
-        in the last write, with the markers."""
+        run for it any more. Returns the runs whose retry follows.
+
+        ``outcomes`` builds the attempts' outcome rows, given the runs whose retry follows
+        (their end is not noted on the schedule: a run with a retry pending is still in
+        progress, and its schedule's overlap policy holds later slots until the retry ends);
+        they go in the last write, with the markers."""
         if not failed:
-            if also:
-                await self._runs.write(also)
-            return
+            return frozenset()
         now = self._clock()
         if schedules is None:
             schedules = await self._schedules.get_many([e.schedule_id for e in failed])
@@ -159,11 +161,12 @@ class Failures:
         # (the retry's timer; the dead letter's rows and publish timer) has landed: one grouped
         # write is not atomic across partitions, and a marker landing without them (Cassandra
         # restarting mid-write, the reporting worker dying before it reports again) left a run
-        # dead-lettered with no dead letter, or a retry that never fires. The same holds for a
-        # lease check's outcome (``also``): an attempt found TIMED_OUT is finished to the lease
-        # handed again, which would not retry it; it lands with its marker (the run's own
-        # partition, one batch).
-        markers: list[Write] = [*also]
+        # dead-lettered with no dead letter, or a retry that never fires. The same holds for the
+        # outcome itself (``outcomes``): an attempt found FAILED or TIMED_OUT is finished to a
+        # lease handed again, which would not retry it; it lands with its marker (the run's
+        # own partition, one batch).
+        markers: list[Write] = []
+        retried: set[str] = set()
         retries: list[RunTimer] = []
         hopeless: list[tuple[RunEventRecord, Schedule]] = []
         for e in failed:
@@ -185,6 +188,11 @@ class Failures:
                 )
             )
             markers.append(self._runs.retry_row(e, at))
+            retried.add(e.run_id)
+            if s.active_run == e.run_id:
+                # Marked in progress on the schedule row (not on a fire timer): alive until
+                # its retry is due, however long the backoff (``Schedule.in_progress``).
+                markers.append(self._schedules.touch_active(e.schedule_id, at))
             metrics.RUNS_RETRIED.labels(reason=e.status.value if e.status else "").inc()
         letters = await self._letters(hopeless, now)
         publish: list[DeadLetterTimer] = []
@@ -205,6 +213,8 @@ class Failures:
         items.extend(self._timers.rows(timers, now=written_at))
         await self._runs.write(items)
         await self._timers.repeat_if_slow(timers, written_at=written_at)
+        if outcomes is not None:
+            markers.extend(outcomes(frozenset(retried)))
         if markers:
             await self._runs.write(markers)
         for d in letters:
@@ -216,6 +226,7 @@ class Failures:
                 d.error[:200],
                 extra={"run_id": d.run_id, "schedule_id": d.schedule_id},
             )
+        return frozenset(retried)
 
     async def _letters(
         self, hopeless: Sequence[tuple[RunEventRecord, Schedule]], now: datetime
@@ -329,7 +340,10 @@ class LeaseCheck:
             # The outcome only after the retry or the dead letter: were the outcome to land and
             # the rest to fail, the lease (handed again) would find the attempt finished and
             # the run would never be retried (``Failures.handle`` writes it with the markers).
-            await self._failures.handle(lost, also=self._runs.event_rows(lost, now=now))
+            await self._failures.handle(
+                lost,
+                outcomes=lambda retried: self._runs.event_rows(lost, now=now, retried=retried),
+            )
 
 
 def failures_of(stores: Stores) -> Failures:

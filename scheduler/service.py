@@ -113,7 +113,7 @@ class ScheduleService:
         rows = await self._runs.running_of(s.schedule_id, now=now, stale_after=STALE_RUN)
         marked = [r for r in s.in_progress(now, stale_after=STALE_RUN) if r not in rows]
         if marked:
-            ended = await self._runs.ended(marked)
+            ended = await self._runs.ended(marked, now=now, stale_after=STALE_RUN)
             marked = [r for r in marked if r not in ended]
         return [*rows, *marked]
 

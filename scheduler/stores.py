@@ -11,7 +11,7 @@ costs a round trip of its own per run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -74,6 +74,11 @@ class ScheduleStore(Protocol):
         instant), never by arrival."""
         ...
 
+    def touch_active(self, schedule_id: str, now: datetime) -> Write:
+        """Item: the schedule's run in progress showed a sign of life at ``now`` (a heartbeat),
+        or will at ``now`` (its retry's due time)."""
+        ...
+
     def set_buffered(self, schedule_id: str, buffered_json: str) -> Write:
         """Item: the run BUFFER_ONE holds back."""
         ...
@@ -108,8 +113,11 @@ class RunStore(Protocol):
         """Applies workers' reports (and ``also``) in one grouped write."""
         ...
 
-    def event_rows(self, events: Sequence[RunEventRecord], *, now: datetime) -> list[Write]:
-        """``record_events`` as items."""
+    def event_rows(
+        self, events: Sequence[RunEventRecord], *, now: datetime, retried: Collection[str] = ()
+    ) -> list[Write]:
+        """``record_events`` as items; a failed attempt of a run among ``retried`` (its retry
+        follows) leaves the run in progress on its schedule."""
         ...
 
     def retry_row(self, e: RunEventRecord, at: datetime) -> Write:
@@ -138,9 +146,12 @@ class RunStore(Protocol):
         shard owner may fire again)."""
         ...
 
-    async def ended(self, run_ids: Sequence[str]) -> set[str]:
-        """Which runs have ended (latest attempt over, or skipped): one read each, for the few
-        runs a schedule row shows in progress while their end was noted on a fire timer."""
+    async def ended(
+        self, run_ids: Sequence[str], *, now: datetime, stale_after: timedelta
+    ) -> set[str]:
+        """Which runs have ended (latest attempt over with no retry pending, or skipped): one
+        read each, for the few runs a schedule row shows in progress while their end was noted
+        on a fire timer."""
         ...
 
     async def still_running(

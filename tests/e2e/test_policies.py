@@ -98,6 +98,32 @@ def test_overlap_skip_allow_and_buffer_one(stack: Stack) -> None:
     assert all(r.skip_reason == "overlap" for r in runs if r.status == SKIPPED)
 
 
+def test_overlap_skip_holds_slots_while_a_failed_run_waits_for_its_retry(stack: Stack) -> None:
+    """Every run's first attempt fails and is retried 4 s later: the run is in progress until
+    its retry ends, so the slots due during the backoff are skipped, not run beside it."""
+    sid = _create(
+        stack,
+        "*/2 * * * * *",
+        "e2e.fail_until",
+        {"succeed_at": 2},
+        overlap=schedule_pb2.OVERLAP_POLICY_SKIP,
+        retry=schedule_pb2.RetryPolicy(
+            max_attempts=2, initial_backoff=Duration(seconds=4), no_jitter=True
+        ),
+    )
+    time.sleep(14)
+    pause_schedule(stack, sid)
+    runs = _wait_finished(stack, sid, timeout=30)
+    executed = [r for r in runs if r.status in EXECUTED]
+    skipped = [r for r in runs if r.status == SKIPPED]
+    assert executed and skipped, runs
+    assert all(r.skip_reason == "overlap" for r in skipped)
+    retried = [r for r in executed if r.status == SUCCEEDED and r.attempt == 2]
+    assert retried, runs
+    # A run's start and finish are its last attempt's: the next run started after it ended.
+    _assert_no_overlap([r for r in executed if r.status == SUCCEEDED])
+
+
 def test_misfire_policies_after_the_dispatchers_were_down(stack: Stack) -> None:
     ids = {
         "SKIP": _create(stack, "* * * * * *", "echo", misfire=schedule_pb2.MISFIRE_POLICY_SKIP),

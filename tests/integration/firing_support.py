@@ -4,22 +4,32 @@ reading back what they produced."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer
 from cassandra.cluster import Session
 
 from bucketer.cassandra import CassandraTimerStore
+from bucketer.model import Timer
 from cronscale.v1 import run_message_pb2
 from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
+from scheduler.config import Config
 from scheduler.dead_letters import CassandraDeadLetterStore
 from scheduler.firing import Firing
-from scheduler.kafka import KafkaRunQueue
+from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.model import (
+    FollowUp,
+    OverlapMode,
+    RetryPolicy,
     Run,
+    RunEventRecord,
     RunStatus,
     Schedule,
+    SchedulePolicies,
     ScheduleSpec,
     SpecKind,
     new_generation,
@@ -28,8 +38,11 @@ from scheduler.model import (
 from scheduler.reports import RunReports
 from scheduler.retries import DeadLetterPublisher, Failures, failures_of
 from scheduler.schedule_cache import ScheduleCache
-from scheduler.session import Stores
+from scheduler.session import Stores, open_stores
 from scheduler.stores import ScheduleStore
+from scheduler.timers import FIRE, FireTimer
+
+MINUTE = timedelta(minutes=1)
 
 
 def firing_on(
@@ -143,3 +156,134 @@ async def read_run_records(
         ]
     finally:
         await consumer.stop()
+
+
+class CountingSchedules(CassandraScheduleStore):
+    """The real schedule store, counting the schedules the firing path reads."""
+
+    reads: list[str]
+
+    async def get_many(self, ids: Sequence[str]) -> dict[str, Schedule]:
+        self.reads.extend(ids)
+        return await super().get_many(ids)
+
+
+@dataclass
+class FiringRig:
+    """A dispatcher's ``Firing`` (with a schedule cache) and the API's ``RunReports`` on the
+    real stores, producing to a topic of their own."""
+
+    stores: Stores
+    schedules: CountingSchedules
+    cache: ScheduleCache
+    firing: Firing
+    reports: RunReports
+    topic: str
+    bootstrap: str
+    keyspace: str
+
+
+@asynccontextmanager
+async def open_firing_rig(migrated: Config, name: str) -> AsyncIterator[FiringRig]:
+    """A ``FiringRig`` on ``migrated``'s keyspace and a fresh one-partition topic named after
+    ``name``."""
+    stores = await open_stores(migrated)
+    schedules = CountingSchedules(stores.session, keyspace=migrated.keyspace)
+    schedules.reads = []
+    cache = ScheduleCache(schedules, capacity=100)
+    topic = f"{migrated.topic()}.{name}-{uuid.uuid4().hex[:6]}"
+    await ensure_topics(migrated.kafka_bootstrap, [topic], partitions=1)
+    queue = KafkaRunQueue(migrated.kafka_bootstrap)
+    await queue.start()
+    firing = firing_on(stores, queue, topic, migrated.keyspace, cache=cache, schedules=schedules)
+    reports, _ = reports_on(
+        stores.session, migrated.keyspace, stores.timers.shard_count, schedules, stores.runs
+    )
+    try:
+        yield FiringRig(
+            stores,
+            schedules,
+            cache,
+            firing,
+            reports,
+            topic,
+            migrated.kafka_bootstrap,
+            migrated.keyspace,
+        )
+    finally:
+        await queue.stop()
+        stores.close()
+
+
+async def every_minute(
+    rig: FiringRig,
+    overlap: OverlapMode = OverlapMode.SKIP,
+    *,
+    retry: RetryPolicy | None = None,
+) -> tuple[Schedule, Timer]:
+    """A schedule firing at every minute's start, and the timer of its coming slot (handed
+    early, as fire-ahead does: its next slot is then a minute away, far beyond the lead)."""
+    now = datetime.now(UTC)
+    policies = SchedulePolicies(overlap=overlap, retry=retry or RetryPolicy())
+    s = Schedule(
+        schedule_id=f"minutely-{uuid.uuid4().hex[:8]}",
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
+        policies=policies,
+        generation=new_generation(),
+        create_time=now,
+        update_time=now,
+    )
+    await rig.stores.schedules.create(s)
+    slot = now.replace(second=0, microsecond=0) + MINUTE
+    timer = FireTimer(
+        schedule_id=s.schedule_id, generation=s.generation, slot=slot, scheduled_for=slot
+    ).to_timer(rig.stores.timers.shard_count)
+    return s, timer
+
+
+def next_fire_timer(rig: FiringRig, schedule_id: str, slot: datetime) -> Timer:
+    """The schedule's fire timer after ``slot`` as a scanner reads it (with its note)."""
+    rows = rig.stores.session.execute(
+        f"SELECT * FROM {rig.keyspace}.timers WHERE key = %s ALLOW FILTERING", (schedule_id,)
+    )
+    (t,) = [
+        t
+        for t in (Timer.from_row(r, shard=r.shard) for r in rows)
+        if t.kind == FIRE and FireTimer.from_timer(t).slot > slot
+    ]
+    return t
+
+
+async def report_slot(
+    rig: FiringRig,
+    s: Schedule,
+    slot: datetime,
+    status: RunStatus,
+    next_fire: datetime | None,
+    *,
+    attempt: int = 1,
+    follow_up: FollowUp = FollowUp.NONE,
+) -> None:
+    """The worker's report of (``attempt`` of) the run fired at ``slot``, echoing its
+    message."""
+    run_id = run_id_for(s.schedule_id, slot)
+    row = await rig.stores.runs.get(run_id)
+    now = datetime.now(UTC)
+    await rig.reports.record(
+        [
+            RunEventRecord(
+                run_id=run_id,
+                schedule_id=s.schedule_id,
+                scheduled_for=slot,
+                status=status,
+                event_time=now,
+                attempt=attempt,
+                enqueue_time=row.enqueue_time,
+                start_time=now if status is not RunStatus.RUNNING else None,
+                error="failed on purpose" if status is RunStatus.FAILED else "",
+                follow_up=follow_up,
+                next_fire_time=next_fire,
+            )
+        ]
+    )

@@ -18,9 +18,7 @@ from cassandra import OperationTimedOut
 
 from bucketer.cql import Write, aexecute
 from scheduler.config import Config
-from scheduler.model import (
-    RunStatus,
-)
+from scheduler.model import STALE_RUN, RunStatus
 from scheduler.retries import Failures, LeaseCheck
 from scheduler.session import Stores, open_stores
 from scheduler.timers import LeaseTimer, RunTimer
@@ -103,3 +101,35 @@ async def test_a_lost_attempt_whose_retry_failed_to_land_is_retried_when_handed_
         (retry.bucket, retry.shard, retry.fire_time, retry.timer_id),
     )
     assert [r.timer_id for r in found] == [retry.timer_id]
+
+
+async def test_a_lost_attempt_with_a_retry_to_come_stays_in_progress_on_its_schedule(
+    stores: Stores,
+) -> None:
+    """The lost attempt's run, marked in progress on the schedule row, is not noted done there:
+    its retry follows, and until that is due the schedule's overlap policy weighs it."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    sid, enqueued = await yearly_schedule_with_a_run(
+        stores, "lost-busy", now, slot_ago=timedelta(minutes=10)
+    )
+    run_id = enqueued.run_id
+    assert enqueued.enqueue_time is not None
+    await stores.runs.write(
+        [
+            *stores.runs.insert_rows([enqueued]),
+            stores.schedules.mark_active(sid, run_id, enqueued.enqueue_time),
+        ]
+    )
+    lease = LeaseTimer(schedule_id=sid, run_id=run_id, attempt=1, fire_at=now)
+    failures = Failures(
+        schedules=stores.schedules,
+        runs=stores.runs,
+        timers=stores.timers,
+        dead_letters=stores.dead_letters,
+    )
+    await LeaseCheck(runs=stores.runs, timers=stores.timers, failures=failures).check([lease])
+    row = await stores.runs.get(run_id)
+    assert row.status is RunStatus.TIMED_OUT and row.next_attempt_time is not None
+    s = await stores.schedules.get(sid)
+    assert (s.active_run, s.done_run, s.active_seen) == (run_id, "", row.next_attempt_time)
+    assert s.in_progress(row.next_attempt_time, stale_after=STALE_RUN) == [run_id]
