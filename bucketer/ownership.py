@@ -45,6 +45,7 @@ class ShardOwnership:
         on_gain: Callable[[ShardLease], Awaitable[None]],
         on_loss: Callable[[int], Awaitable[None]],
         on_release: Callable[[int], Awaitable[None]] | None = None,
+        fit: Callable[[], str] | None = None,
         group: str = "dispatchers",
         lease: timedelta = timedelta(seconds=10),
         cycle: timedelta = timedelta(seconds=2),
@@ -56,6 +57,11 @@ class ShardOwnership:
         self._on_loss = on_loss
         # A shard given up on purpose (it can still write its progress first).
         self._on_release = on_release or on_loss
+        # Why this member must own no shard now ("" while it may): besides its clock, what its
+        # process needs to fire (a dispatcher: Kafka). Such a member steps aside (releases its
+        # shards, leaves the group) so that its peers take its share.
+        self._fit = fit or (lambda: "")
+        self._aside = False
         self._group = group
         self._lease = lease
         self._cycle = cycle
@@ -94,14 +100,24 @@ class ShardOwnership:
     async def balance_once(self) -> None:
         """One round: heartbeat, renew, then claim up to or release down to the fair share."""
         ttl = max(1, int(self._lease.total_seconds()))
-        if not self._store.clock_guard.ok:
-            # Our clock would misjudge due times and leases: own nothing until it is fixed.
-            if self.owned:
+        # A clock that would misjudge due times and leases, or a process that cannot fire:
+        # own nothing, and count out of the group, until that is fixed.
+        unfit = self._store.clock_guard.reason if not self._store.clock_guard.ok else ""
+        unfit = unfit or self._fit()
+        if unfit:
+            if self.owned or not self._aside:
                 logger.error(
-                    "releasing %d shards: %s", len(self.owned), self._store.clock_guard.reason
+                    "stepping aside, releasing %d shards: %s",
+                    len(self.owned),
+                    unfit,
+                    extra={"action": "step_aside"},
                 )
                 await self.release_all()
+                self._aside = True
             return
+        if self._aside:
+            logger.warning("fit to own shards again; rejoining", extra={"action": "rejoin"})
+            self._aside = False
         # Leases first: a failing membership write must not keep them from being renewed.
         await self._renew_all()
         await self._store.heartbeat_member(self._group, self.instance, ttl)

@@ -33,6 +33,7 @@ class TimerWheel:
         is_transient: Callable[[BaseException], bool] | None = None,
         lanes: Lanes | None = None,
         ahead: Mapping[str, timedelta] | None = None,
+        fit: Callable[[], str] | None = None,
     ) -> None:
         self.ownership: ShardOwnership
         self.scanner = WheelScanner(
@@ -52,6 +53,7 @@ class TimerWheel:
             on_gain=self.scanner.add_shard,
             on_loss=self._lose,
             on_release=self.scanner.hand_over,
+            fit=fit,
             lease=lease,
             cycle=cycle,
         )

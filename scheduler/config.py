@@ -72,6 +72,9 @@ class Config:
     # is checked on, and found lost if not started or silent for the heartbeat lease.
     run_lease_s: float = 300.0
     heartbeat_lease_s: float = 60.0
+    # A dispatcher whose Kafka probe has failed this long, while Cassandra answers, releases
+    # its shards to peers that can produce (bucketer.ownership), and claims again once it can.
+    kafka_step_aside_s: float = 30.0
     # The repair sweep (scheduler.repair): how often, and how many schedules a second; an
     # interval of 0 turns it off.
     repair_interval_s: float = 3600.0
@@ -133,6 +136,7 @@ class Config:
             clock_skew_tolerance_ms=_int("CRONSCALE_CLOCK_SKEW_TOLERANCE_MS", 500),
             run_lease_s=float(_int("CRONSCALE_RUN_LEASE", 300)),
             heartbeat_lease_s=float(_int("CRONSCALE_HEARTBEAT_LEASE", 60)),
+            kafka_step_aside_s=float(_int("CRONSCALE_KAFKA_STEP_ASIDE", 30)),
             repair_interval_s=float(_int("CRONSCALE_REPAIR_INTERVAL", 3600)),
             repair_rate=float(_int("CRONSCALE_REPAIR_RATE", 500)),
             tiers=tiers,

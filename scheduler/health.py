@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
@@ -61,10 +62,22 @@ class Readiness:
         self._on_change = on_change
         self._failure = ""
         self.ok: bool | None = None
+        # Per check: since when (time.monotonic) it has failed every round it was probed in,
+        # and its last failure; absent while it answers (or was never probed).
+        self._failing: dict[str, tuple[float, str]] = {}
 
     @property
     def reason(self) -> str:
         return self._failure or self._guard.reason
+
+    def down_for(self, name: str, at_least: timedelta) -> str:
+        """Why check ``name`` has failed every probe for ``at_least`` (its last failure), or
+        "" if it answered within that time (or a check before it failed, so it was not
+        probed: nothing new is known of it)."""
+        failing = self._failing.get(name)
+        if failing is None or time.monotonic() - failing[0] < at_least.total_seconds():
+            return ""
+        return failing[1]
 
     async def probe(self) -> bool:
         """One round of probes; publishes the verdict if it changed. Returns it."""
@@ -74,7 +87,10 @@ class Readiness:
                 await asyncio.wait_for(check(), PROBE_TIMEOUT.total_seconds())
             except Exception as e:
                 self._failure = f"{name} does not answer: {type(e).__name__}: {e}"[:300]
+                since = self._failing.get(name, (time.monotonic(), ""))[0]
+                self._failing[name] = (since, self._failure)
                 break
+            self._failing.pop(name, None)
         ok = not self._failure and self._guard.ok
         if ok != self.ok:
             was, self.ok = self.ok, ok

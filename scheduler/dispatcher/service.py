@@ -101,6 +101,15 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 fire_ahead=timedelta(milliseconds=config.fire_ahead_ms),
                 cache=ScheduleCache(schedules, capacity=config.schedule_cache),
             )
+            guard = timers.clock_guard
+            # Cassandra or Kafka out of reach, or this clock off the cluster's: NOT_SERVING,
+            # and the log says why. (The wheel already stops firing for each of these.)
+            readiness = Readiness(
+                [("Cassandra", cassandra_probe(stores.session)), ("Kafka", queue.probe)],
+                guard,
+                status.publish,
+            )
+            step_aside = timedelta(seconds=config.kafka_step_aside_s)
             wheel = TimerWheel(
                 timers,
                 instance=config.instance_id,
@@ -110,6 +119,9 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 lanes=lanes,
                 # Fire timers early; their messages still go out at the slot's time.
                 ahead={FIRE: timedelta(milliseconds=config.fire_ahead_ms)},
+                # Cut off from Kafka alone (its leases renew through Cassandra), a dispatcher
+                # hands its shards to peers that can produce rather than stall them.
+                fit=lambda: readiness.down_for("Kafka", step_aside),
             )
             metrics.OWNED_SHARDS.set_function(lambda: len(wheel.owned_shards))
             metrics.TIMERS_PENDING.set_function(wheel.scanner.pending_count)
@@ -120,16 +132,8 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 timers.shard_count,
                 config.topic(),
             )
-            await measure_clock(timers.clock_guard, stores.session)
-            guard = timers.clock_guard
+            await measure_clock(guard, stores.session)
             watch = asyncio.create_task(guard.run(stores.session), name="clock")
-            # Cassandra or Kafka out of reach, or this clock off the cluster's: NOT_SERVING,
-            # and the log says why. (The wheel already stops firing for each of these.)
-            readiness = Readiness(
-                [("Cassandra", cassandra_probe(stores.session)), ("Kafka", queue.probe)],
-                guard,
-                status.publish,
-            )
             probing = asyncio.create_task(readiness.run(), name="readiness")
             background = [watch, probing]
             if config.repair_interval_s > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -488,6 +489,54 @@ async def test_a_member_that_cannot_prove_its_lease_stops_firing(
     await stale.balance_once()  # "SIGCONT": the renewal is refused, the member steps down
     assert shard not in stale.owned and shard not in stale_scanner.shards
     assert fired == []
+
+
+async def test_a_member_unfit_to_fire_hands_its_shards_to_its_peers(
+    session: Session, migrated: Config
+) -> None:
+    """A dispatcher cut off from Kafka alone still renews its leases through Cassandra: told
+    by its ``fit`` check, it releases every shard and leaves the group, a peer takes them, and
+    once fit again it rejoins and gets its share back."""
+    from bucketer.ownership import ShardOwnership
+
+    store = CassandraTimerStore(session, keyspace=migrated.keyspace, shard_count=64)
+    await store.init_shards(minute_bucket(datetime.now(UTC)))
+    group = f"aside-{uuid.uuid4().hex[:6]}"
+    unfit = ""
+
+    async def gained(_lease: ShardLease) -> None:
+        return None
+
+    async def lost(_shard: int) -> None:
+        return None
+
+    cut_off = ShardOwnership(
+        store, instance="cut-off", on_gain=gained, on_loss=lost, group=group, fit=lambda: unfit
+    )
+    peer = ShardOwnership(store, instance="peer", on_gain=gained, on_loss=lost, group=group)
+    # Shards other tests' members left held are free once their leases (10 s) end.
+    deadline = asyncio.get_running_loop().time() + 15
+    await cut_off.balance_once()
+    while not cut_off.owned and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(1)
+        await cut_off.balance_once()
+    held = set(cut_off.owned)
+    assert held
+
+    unfit = "Kafka does not answer: KafkaConnectionError: test"
+    await cut_off.balance_once()
+    assert cut_off.owned == {}
+    assert "cut-off" not in await store.members(group)
+    await peer.balance_once()
+    assert held <= set(peer.owned), "the peer took every shard the cut-off member held"
+
+    unfit = ""
+    await cut_off.balance_once()  # rejoins; its share is not free yet
+    await peer.balance_once()  # two members now: the peer releases down to half
+    await cut_off.balance_once()
+    assert cut_off.owned and not set(cut_off.owned) & set(peer.owned)
+    await cut_off.release_all()
+    await peer.release_all()
 
 
 async def _remove(scanner: WheelScanner, shard: int) -> None:
