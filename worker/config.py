@@ -112,6 +112,10 @@ class WorkerConfig:
     # its first message of the last this-many seconds, not at the start of the retention;
     # 0 starts at the earliest retained message.
     new_group_lookback: float = 600.0
+    # Seconds a takeover waits for Kafka to say where a partition was left (its committed
+    # offset and metadata, its end); past that, the runs of every message produced before
+    # the takeover ask the API whether they ran already.
+    offset_lookup_timeout: float = 10.0
     # Threads for plain (sync) handlers, apart from asyncio's default pool.
     sync_threads: int = 16
     # Kafka static membership: a stable name for this worker slot (a StatefulSet pod name, a
@@ -143,6 +147,10 @@ class WorkerConfig:
             raise ConfigError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
         if self.revoke_grace < 0:
             raise ConfigError(f"revoke grace must not be negative, got {self.revoke_grace}")
+        if self.offset_lookup_timeout <= 0:
+            raise ConfigError(
+                f"offset lookup timeout must be positive, got {self.offset_lookup_timeout}"
+            )
         if self.new_group_lookback < 0:
             raise ConfigError(
                 f"new group lookback must not be negative, got {self.new_group_lookback}"
@@ -187,6 +195,7 @@ class WorkerConfig:
             heartbeat_interval=_num("CRONSCALE_WORKER_HEARTBEAT_INTERVAL", 10.0, float),
             shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
             revoke_grace=_num("CRONSCALE_WORKER_REVOKE_GRACE", 2.0, float),
+            offset_lookup_timeout=_num("CRONSCALE_WORKER_OFFSET_LOOKUP_TIMEOUT", 10.0, float),
             new_group_lookback=_num("CRONSCALE_WORKER_NEW_GROUP_LOOKBACK", 600.0, float),
             sync_threads=int(_num("CRONSCALE_WORKER_SYNC_THREADS", 16, int)),
             group_instance_id=e.get("CRONSCALE_WORKER_GROUP_INSTANCE_ID", "").strip(),

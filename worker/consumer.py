@@ -46,7 +46,10 @@ _POLL_MS = 200
 # A commit waiting longer than this marks Kafka down (cronscale_worker_kafka_up) and is logged.
 COMMIT_SLOW = 5.0
 # Reading committed offsets and looking offsets up by time, on assignment.
-_LOOKUP_TIMEOUT = 10.0
+# Seconds added to a takeover's instant when its offsets could not be read: messages produced
+# before it may have run under the previous owner, by a dispatcher's clock (kept within 0.5 s
+# of Cassandra's) against this worker's.
+TAKEOVER_CLOCK_SLACK = 5.0
 _LOOKUP_ATTEMPTS = 3
 # How many finished (partition, offset) pairs are remembered against a re-fetch.
 RECENTLY_DONE = 100_000
@@ -96,6 +99,10 @@ class KafkaRunConsumer:
         # finished may have run already (the owner died before committing them): their run
         # asks the API first (Runner.run's check_done).
         self._redelivered_below: dict[TopicPartition, int] = {}
+        # The same, for a takeover whose offsets could not be read (Kafka slow or away during
+        # the rebalance): messages produced before this instant (epoch ms, the record's
+        # CreateTime) may have run already, and ask first.
+        self._redelivered_before: dict[TopicPartition, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set, then drains (see :meth:`_shutdown`) and leaves."""
@@ -246,6 +253,8 @@ class KafkaRunConsumer:
         if len(self._recent_runs) > RECENT_RUNS:
             self._recent_runs.popitem(last=False)
         check = message.offset < self._redelivered_below.get(tp, -1)
+        if not check and self._redelivered_before:
+            check = message.timestamp < self._redelivered_before.get(tp, 0)
         self._spawn(
             tp, message.offset, lambda release: self._runner.run(task, release, check_done=check)
         )
@@ -360,6 +369,7 @@ class KafkaRunConsumer:
         self._holding -= revoked
         for tp in revoked:
             self._redelivered_below.pop(tp, None)
+            self._redelivered_before.pop(tp, None)
         if not revoked:
             return
         grace = self._config.revoke_grace
@@ -424,10 +434,16 @@ class KafkaRunConsumer:
             if fresh:
                 await self._start_fresh(consumer, fresh)
         except (KafkaError, TimeoutError) as e:
+            # Where the previous owner stopped is unknown: every message it could have fetched
+            # (produced before now, give or take the producers' clocks) asks the API first.
+            before = int((time.time() + TAKEOVER_CLOCK_SLACK) * 1000)
+            for tp in assigned:
+                if tp not in self._redelivered_below:
+                    self._redelivered_before[tp] = before
             logger.warning(
                 "could not read where partitions %s were left (%s); they resume from their "
-                "committed offsets (the earliest message without one), and runs finished "
-                "above those may run again",
+                "committed offsets (the earliest message without one), and the runs of "
+                "messages produced before now ask the API whether they ran already",
                 _fmt_tps(assigned),
                 e or type(e).__name__,
             )
@@ -445,7 +461,7 @@ class KafkaRunConsumer:
     ) -> None:
         """Notes, for partitions resumed from a commit, up to where their messages may have
         run already: everything the previous owner could have fetched, i.e. up to the end."""
-        ends = await asyncio.wait_for(consumer.end_offsets(tps), _LOOKUP_TIMEOUT)
+        ends = await asyncio.wait_for(consumer.end_offsets(tps), self._config.offset_lookup_timeout)
         for tp in tps:
             if ends[tp] > committed[tp].offset:
                 self._redelivered_below[tp] = ends[tp]
@@ -467,7 +483,7 @@ class KafkaRunConsumer:
                     self._admin.list_consumer_group_offsets(
                         self._config.group_id, partitions=list(tps)
                     ),
-                    _LOOKUP_TIMEOUT,
+                    self._config.offset_lookup_timeout,
                 )
                 return result
             except (KafkaError, TimeoutError):
@@ -486,11 +502,14 @@ class KafkaRunConsumer:
             return
         since_ms = int((time.time() - lookback) * 1000)
         found = await asyncio.wait_for(
-            consumer.offsets_for_times({tp: since_ms for tp in tps}), _LOOKUP_TIMEOUT
+            consumer.offsets_for_times({tp: since_ms for tp in tps}),
+            self._config.offset_lookup_timeout,
         )
         missing = [tp for tp in tps if found.get(tp) is None]
         ends = (
-            await asyncio.wait_for(consumer.end_offsets(missing), _LOOKUP_TIMEOUT)
+            await asyncio.wait_for(
+                consumer.end_offsets(missing), self._config.offset_lookup_timeout
+            )
             if missing
             else {}
         )

@@ -431,17 +431,12 @@ async def test_a_killed_workers_successor_runs_only_what_was_left_unfinished(
     assert ran == [blocker], "only the unfinished run may run again"
 
 
-@pytest.mark.timeout(180)
-async def test_runs_recorded_but_not_committed_when_a_worker_died_are_not_run_again(
-    config: WorkerConfig, tmp_path: Path
-) -> None:
-    """The API recorded five outcomes but its acks never reached the worker, so Kafka has no
-    commit past them; the worker is SIGKILLed. Its successor asks before running each message
-    its predecessor may have run (check_done), runs none of the five, runs the message that
-    arrived while no worker was up, and runs a message produced after the takeover without
-    asking."""
-    recorder = Recorder()
-    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+async def _five_recorded_then_killed(
+    config: WorkerConfig, recorder: Recorder, tmp_path: Path
+) -> list[str]:
+    """A worker process runs five messages of partition 0 whose outcomes the API records
+    without its acks reaching the worker (no commit past them), and is SIGKILLed; then a
+    message arrives while no worker is up ("while-down"). Returns the five run ids."""
     tp = TopicPartition(config.topic, 0)
     await _produce(config.topic, [("warm-0", _message("warm-0", "echo"))], partition=0)
     victim = _start_worker_process(config, "it-victim", tmp_path / "victim.log")
@@ -461,6 +456,21 @@ async def test_runs_recorded_but_not_committed_when_a_worker_died_are_not_run_ag
         victim.wait(30)
     recorder.hold_acks = False
     await _produce(config.topic, [("while-down", _message("while-down", "echo"))], partition=0)
+    return held
+
+
+@pytest.mark.timeout(180)
+async def test_runs_recorded_but_not_committed_when_a_worker_died_are_not_run_again(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """The API recorded five outcomes but its acks never reached the worker, so Kafka has no
+    commit past them; the worker is SIGKILLed. Its successor asks before running each message
+    its predecessor may have run (check_done), runs none of the five, runs the message that
+    arrived while no worker was up, and runs a message produced after the takeover without
+    asking."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    held = await _five_recorded_then_killed(config, recorder, tmp_path)
     ran: list[str] = []
     stop = asyncio.Event()
     successor = asyncio.create_task(
@@ -487,6 +497,39 @@ async def test_runs_recorded_but_not_committed_when_a_worker_died_are_not_run_ag
     # Not asked about: its STARTED went out merged into its outcome, as for any short run.
     assert not any(e.check_done for e in recorder.events if e.run_id == "late")
     assert "late" in recorder.finished()
+
+
+@pytest.mark.timeout(180)
+async def test_a_takeover_that_cannot_read_where_its_partitions_were_left_still_asks_first(
+    config: WorkerConfig, tmp_path: Path
+) -> None:
+    """As above, but Kafka does not answer the successor's offset lookups in time (here: a
+    lookup timeout no answer can meet): it cannot know up to where its predecessor fetched,
+    so every message produced before the takeover asks before it runs; none of the five runs
+    again."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    held = await _five_recorded_then_killed(config, recorder, tmp_path)
+    ran: list[str] = []
+    stop = asyncio.Event()
+    impatient = dataclasses.replace(
+        config, instance_id="it-impatient", offset_lookup_timeout=0.000_001
+    )
+    successor = asyncio.create_task(run_worker(impatient, stop, _counting_registry(ran)))
+    try:
+        await _until(lambda: "while-down" in ran, 60, "the message no worker had seen")
+        await _until(lambda: _committed_equals_end(config), 15, "offsets committed to the end")
+    finally:
+        stop.set()
+        await asyncio.wait_for(successor, 30)
+        await server.stop(None)
+    assert ran == ["while-down"]
+    asked = {
+        e.run_id: e.check_done
+        for e in recorder.events
+        if e.worker_id == "it-impatient" and e.kind == pb.RUN_EVENT_KIND_STARTED
+    }
+    assert asked == {**dict.fromkeys(held, True), "while-down": True}
 
 
 @pytest.mark.timeout(180)
