@@ -110,6 +110,7 @@ class Lifecycle:
         else:
             fired = await svc.fired_so_far(updated) if updated.spec.max_runs else 0
             running = await svc.carried_on(updated, now)
+            await svc.keep_carried_lease(s, now)
             # Minted again just before its timer is written: a dispatcher that finds the timer
             # before the compare-and-set lands waits for it only so long after the mint
             # (scheduler.firing.change_in_flight), and the reads above can be slow.

@@ -8,6 +8,7 @@ most a timer nobody honours, never a schedule that silently stops firing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from bucketer.cassandra import CassandraTimerStore
+from bucketer.model import Timer
 from scheduler.backfill import BackfillService
 from scheduler.cassandra import CassandraRequestStore, CassandraRunStore, CassandraScheduleStore
 from scheduler.dead_letters import CassandraDeadLetterStore
@@ -48,7 +50,7 @@ from scheduler.slots import (
     plan_misfire,
     slots_between,
 )
-from scheduler.timers import FireTimer, RunTimer
+from scheduler.timers import FIRE, FireTimer, RunTimer, fire_timer_place
 from scheduler.validation import spec_error, validate_schedule
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,37 @@ class ScheduleService:
         if s.policies.overlap is OverlapMode.ALLOW:
             return []
         return await self.in_progress(s, now)
+
+    async def keep_carried_lease(self, s: Schedule, since: datetime) -> None:
+        """Writes the lease that ``s``'s pending fire timer carries (decision 0010) as a lease
+        timer of its own, before a change supersedes that timer. Superseded, the timer would
+        write it when it comes due, unless a timer of the new chain, due at the same instant,
+        has overwritten its row by then (both are stored under the schedule's id): then the
+        lease was lost, and a run whose worker died stayed RUNNING. Only a pending timer due
+        after ``since`` can be overwritten so: it is looked for at the schedule's first two
+        slots after ``since`` (one read each; the second, for a chain that fire-ahead moved on
+        already; a timer a quota put off lies where no timer of the new chain will land)."""
+        shards = self._timers.shard_count
+        places: list[datetime] = []
+        try:
+            nxt = next_slot(s, since)
+            if nxt is not None:
+                places.append(nxt.at)
+                after = next_slot(s, nxt.slot)
+                if after is not None:
+                    places.append(after.at)
+        except InvalidArgument:
+            return  # a spec no slot can be computed for had no chain to carry anything
+        found = await asyncio.gather(
+            *(self._timers.read(fire_timer_place(s.schedule_id, at, shards)) for at in places)
+        )
+        leases: list[Timer] = []
+        for t in found:
+            lease = FireTimer.from_timer(t).lease if t is not None and t.kind == FIRE else None
+            if lease is not None:
+                leases.append(lease.to_timer(shards))
+        if leases:
+            await self._timers.put(leases, now=self._clock())
 
     def first_fire(
         self, s: Schedule, now: datetime, *, fired: int = 0, running: Sequence[str] = ()
@@ -336,6 +369,7 @@ class ScheduleService:
         # Minted again just before the timers are written (as in Lifecycle.update).
         resumed = replace(resumed, generation=new_generation())
         running = await self.carried_on(s, now)
+        await self.keep_carried_lease(s, s.pause_time or now)
         first = self.first_fire(resumed, now, fired=fired + len(catch_up), running=running)
         timers = [
             RunTimer(

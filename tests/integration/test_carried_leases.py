@@ -20,11 +20,14 @@ from scheduler import metrics
 from scheduler.config import Config
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
+from scheduler.lifecycle import Lifecycle
 from scheduler.model import (
     FollowUp,
+    OverlapMode,
     RunEventRecord,
     RunStatus,
     Schedule,
+    SchedulePolicies,
     ScheduleSpec,
     ScheduleState,
     SpecKind,
@@ -32,11 +35,13 @@ from scheduler.model import (
     run_id_for,
 )
 from scheduler.retries import START_LEASE
+from scheduler.service import ScheduleService
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FIRE, LEASE, FireTimer
 from tests.integration.firing_support import firing_on, read_run_messages
 
 SECOND = timedelta(seconds=1)
+MINUTE = timedelta(minutes=1)
 
 
 @dataclass
@@ -200,3 +205,56 @@ async def test_a_fire_timer_put_again_does_not_carry_its_lease_again(rig: Rig) -
         if f.generation == landing.generation
     ]
     assert again.slot == nxt.slot and again.lease is None
+
+
+async def test_a_change_whose_chain_overwrites_the_pending_timer_keeps_its_lease(
+    rig: Rig,
+) -> None:
+    """The run fired at a minute's slot has its lease carried by the timer of the next minute.
+    An update (same times) is made before that timer is due; the new chain's first timer fires
+    and writes its own next timer at the same instant, over the old one's row (both are stored
+    under the schedule's id). The update wrote the carried lease as a timer of its own first,
+    so the run keeps its lease."""
+    svc = ScheduleService(
+        schedules=rig.stores.schedules, runs=rig.stores.runs, timers=rig.stores.timers
+    )
+    now = datetime.now(UTC)
+    s = Schedule(
+        schedule_id=f"overwritten-{uuid.uuid4().hex[:8]}",
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
+        policies=SchedulePolicies(overlap=OverlapMode.ALLOW),
+        generation=new_generation(),
+        create_time=now,
+        update_time=now,
+    )
+    await rig.stores.schedules.create(s)
+    slot = now.replace(second=0, microsecond=0) + MINUTE
+    first = FireTimer(
+        schedule_id=s.schedule_id, generation=s.generation, slot=slot, scheduled_for=slot
+    ).to_timer(rig.stores.timers.shard_count)
+    await rig.firing.on_due([first])  # handed early, as fire-ahead does
+    run_id = run_id_for(s.schedule_id, slot)
+    carried = FireTimer.from_timer(_fire_timer_after(rig, s.schedule_id, slot)).lease
+    assert carried is not None and carried.run_id == run_id
+
+    current = await svc.get(s.schedule_id)
+    updated = await Lifecycle(svc).update(
+        replace(current, payload=b"changed"),
+        schedule_id=s.schedule_id,
+        version=current.version,
+    )
+    assert _leases(rig, s.schedule_id) == {f"{run_id}#lease1": carried.fire_at}
+    (change,) = [
+        t
+        for t in _timers_of(rig, s.schedule_id)
+        if t.kind == FIRE and FireTimer.from_timer(t).generation == updated.generation
+    ]
+    await rig.firing.on_due([change])
+    (over,) = [
+        FireTimer.from_timer(t)
+        for t in _timers_of(rig, s.schedule_id)
+        if t.kind == FIRE and FireTimer.from_timer(t).slot == slot + MINUTE
+    ]
+    assert over.generation == updated.generation, "the new chain's timer took the row"
+    assert _leases(rig, s.schedule_id).get(f"{run_id}#lease1") == carried.fire_at
