@@ -56,7 +56,7 @@ from scheduler.cli.processes import use_fast_event_loop
 from scheduler.config import Config
 from scheduler.credentials import fresh_keys_env
 from scheduler.kafka import KafkaRunQueue, delete_topics, ensure_topics
-from scheduler.model import Run, RunStatus, run_id_for
+from scheduler.model import STALE_RUN, Run, RunStatus, run_id_for
 from scheduler.reports import RunReports
 from scheduler.retries import Failures
 from scheduler.session import Stores, open_stores
@@ -284,7 +284,7 @@ async def time_runs(stores: Stores, config: Config, count: int, repeat: int) -> 
                 await one_pass(values)
                 passes.append(1e6 * (time.process_time() - t0) / count)
         run_ids = [run_message_pb2.RunMessage.FromString(v).run_id for v in values]
-        ended = await stores.runs.ended(run_ids)
+        ended = await stores.runs.ended(run_ids, now=datetime.now(UTC), stale_after=STALE_RUN)
         if len(ended) != count:
             raise RuntimeError(
                 f"the api recorded {len(ended)} of the last pass's {count} runs as ended"
