@@ -152,7 +152,11 @@ class KafkaRunQueue:
         self._start_deadline = start_deadline
         self._stop_deadline = stop_deadline
         self._stale = False
+        # Whether the current producer started (one replaced after a failure has not yet).
+        self._running = False
         self._restarting = asyncio.Lock()
+        # A restart the health probe began (it does not wait for it: ``probe``).
+        self._recovery: asyncio.Task[None] | None = None
         self._partitioner = KeyPartitioner()
         self._producer = self._new_producer()
         # Per (topic, partition): the record batches not yet handed to the producer.
@@ -186,8 +190,11 @@ class KafkaRunQueue:
             await _close(failed, self._stop_deadline)
             why = e if str(e) else TimeoutError(f"no answer within {self._start_deadline:g} s")
             raise _unreachable(self._bootstrap, self._security, why) from e
+        self._running = True
 
     async def stop(self) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
         await self._producer.stop()
 
     async def probe(self) -> None:
@@ -197,7 +204,16 @@ class KafkaRunQueue:
         The request names no topic, so the broker answers with its brokers alone. (Asking for
         all metadata, as the client's ``fetch_all_metadata`` does, made every probe, every 2 s,
         carry every topic of the cluster: 633 on the development broker, 2.4 % of a busy
-        dispatcher's samples.)"""
+        dispatcher's samples.)
+
+        A producer that failed (stale) or that failed to start is replaced here too, in the
+        background, not only by the next batch: a dispatcher that stepped aside while Kafka
+        was away (``bucketer.ownership``) sends no batch, and its probe is what tells it to
+        rejoin. Until the replacement has started, the probe fails."""
+        if self._stale or not self._running:
+            if self._recovery is None or self._recovery.done():
+                self._recovery = asyncio.create_task(self._recover(), name="kafka-recovery")
+            raise KafkaConnectionError("the Kafka producer is being replaced after a failure")
         client = self._producer.client
         nodes = [b.nodeId for b in client.cluster.brokers()]
         if not nodes:
@@ -301,11 +317,23 @@ class KafkaRunQueue:
     async def _restart(self) -> None:
         logger.warning("replacing the Kafka producer after a send failed or passed its deadline")
         old, self._producer = self._producer, self._new_producer()
+        self._running = False
         # The old producer's lanes fail with it; the next messages start new ones.
         self._lanes = {}
         await _close(old, self._stop_deadline)
         await self.start()  # raises while Kafka is away: replaced again next time
         self._stale = False
+
+    async def _recover(self) -> None:
+        """Replaces a stale producer, or starts one that failed to: the probe's restart."""
+        async with self._restarting:
+            try:
+                if self._stale:
+                    await self._restart()
+                elif not self._running:
+                    await self.start()
+            except Exception as e:  # a background task's: logged, the next probe tries again
+                logger.info("the Kafka producer is not back yet: %s: %s", type(e).__name__, e)
 
 
 async def _close(producer: AIOKafkaProducer, deadline: float) -> None:

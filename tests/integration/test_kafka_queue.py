@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import socket
+from asyncio import StreamReader, StreamWriter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v1, Meta
 
 from cronscale.v1 import run_message_pb2
 from scheduler.config import Config
+from scheduler.errors import Unavailable
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 
 
@@ -398,3 +401,59 @@ async def test_the_probe_asks_for_no_topic(config: Config) -> None:
     # (a null one would mean every topic).
     for version in (MetadataRequest_v1, MetadataRequest_v5):
         assert request.build(version).topics == []
+
+
+def _forward_to(host: str, port: int) -> Callable[[StreamReader, StreamWriter], Awaitable[None]]:
+    """A TCP connection handler piping each connection to ``host:port`` (a bootstrap address
+    that can be opened and closed; the brokers the metadata names are reached directly)."""
+
+    async def pipe(source: StreamReader, sink: StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        finally:
+            sink.close()
+
+    async def handle(reader: StreamReader, writer: StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, port)
+        await asyncio.gather(
+            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
+        )
+
+    return handle
+
+
+async def test_a_producer_that_could_not_start_is_started_by_the_probe_once_kafka_answers(
+    config: Config,
+) -> None:
+    """A dispatcher that stepped aside while Kafka was away sends no batch: its probe alone must
+    bring the producer back, or it never serves (nor rejoins) again. Kafka is reached here
+    through a bootstrap address nothing listens on at first."""
+    topic = config.topic("probe-restart")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    queue = KafkaRunQueue(f"127.0.0.1:{port}", start_deadline=2.0)
+    with pytest.raises(Unavailable):
+        await queue.start()
+    with pytest.raises(KafkaError):
+        await queue.probe()
+    host, kafka_port = config.kafka_bootstrap.split(",")[0].rsplit(":", 1)
+    bootstrap = await asyncio.start_server(_forward_to(host, int(kafka_port)), "127.0.0.1", port)
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            try:
+                await queue.probe()
+                break
+            except KafkaError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        await queue.enqueue(topic, _messages("back", 1))
+    finally:
+        await queue.stop()
+        bootstrap.close()
+    assert await _consumed_run_ids(config, topic, 1) == ["back@r0"]
