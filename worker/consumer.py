@@ -46,10 +46,6 @@ _POLL_MS = 200
 # A commit waiting longer than this marks Kafka down (cronscale_worker_kafka_up) and is logged.
 COMMIT_SLOW = 5.0
 # Reading committed offsets and looking offsets up by time, on assignment.
-# Seconds added to a takeover's instant when its offsets could not be read: messages produced
-# before it may have run under the previous owner, by a dispatcher's clock (kept within 0.5 s
-# of Cassandra's) against this worker's.
-TAKEOVER_CLOCK_SLACK = 5.0
 _LOOKUP_ATTEMPTS = 3
 # How many finished (partition, offset) pairs are remembered against a re-fetch.
 RECENTLY_DONE = 100_000
@@ -99,10 +95,10 @@ class KafkaRunConsumer:
         # finished may have run already (the owner died before committing them): their run
         # asks the API first (Runner.run's check_done).
         self._redelivered_below: dict[TopicPartition, int] = {}
-        # The same, for a takeover whose offsets could not be read (Kafka slow or away during
-        # the rebalance): messages produced before this instant (epoch ms, the record's
-        # CreateTime) may have run already, and ask first.
-        self._redelivered_before: dict[TopicPartition, int] = {}
+        # Partitions taken over whose offsets could not be read (Kafka slow or away during the
+        # rebalance): their end is taken from the first fetch instead (its high watermark, no
+        # clock involved), and every message below it asks first.
+        self._end_unknown: set[TopicPartition] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set, then drains (see :meth:`_shutdown`) and leaves."""
@@ -252,9 +248,12 @@ class KafkaRunConsumer:
         self._recent_runs[run] = None
         if len(self._recent_runs) > RECENT_RUNS:
             self._recent_runs.popitem(last=False)
-        check = message.offset < self._redelivered_below.get(tp, -1)
-        if not check and self._redelivered_before:
-            check = message.timestamp < self._redelivered_before.get(tp, 0)
+        if self._end_unknown and tp in self._end_unknown:
+            end = self._consumer.highwater(tp) if self._consumer is not None else None
+            if end is not None:
+                self._redelivered_below[tp] = end
+                self._end_unknown.discard(tp)
+        check = tp in self._end_unknown or message.offset < self._redelivered_below.get(tp, -1)
         self._spawn(
             tp, message.offset, lambda release: self._runner.run(task, release, check_done=check)
         )
@@ -369,7 +368,7 @@ class KafkaRunConsumer:
         self._holding -= revoked
         for tp in revoked:
             self._redelivered_below.pop(tp, None)
-            self._redelivered_before.pop(tp, None)
+            self._end_unknown.discard(tp)
         if not revoked:
             return
         grace = self._config.revoke_grace
@@ -435,15 +434,12 @@ class KafkaRunConsumer:
                 await self._start_fresh(consumer, fresh)
         except (KafkaError, TimeoutError) as e:
             # Where the previous owner stopped is unknown: every message it could have fetched
-            # (produced before now, give or take the producers' clocks) asks the API first.
-            before = int((time.time() + TAKEOVER_CLOCK_SLACK) * 1000)
-            for tp in assigned:
-                if tp not in self._redelivered_below:
-                    self._redelivered_before[tp] = before
+            # (below the end the first fetch shows) asks the API first.
+            self._end_unknown |= {tp for tp in assigned if tp not in self._redelivered_below}
             logger.warning(
                 "could not read where partitions %s were left (%s); they resume from their "
                 "committed offsets (the earliest message without one), and the runs of "
-                "messages produced before now ask the API whether they ran already",
+                "messages up to their end ask the API whether they ran already",
                 _fmt_tps(assigned),
                 e or type(e).__name__,
             )

@@ -505,7 +505,7 @@ async def test_a_takeover_that_cannot_read_where_its_partitions_were_left_still_
 ) -> None:
     """As above, but Kafka does not answer the successor's offset lookups in time (here: a
     lookup timeout no answer can meet): it cannot know up to where its predecessor fetched,
-    so every message produced before the takeover asks before it runs; none of the five runs
+    so every message below the end its first fetch shows asks before it runs; none of the five runs
     again."""
     recorder = Recorder()
     server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
