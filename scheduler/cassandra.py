@@ -532,10 +532,18 @@ class CassandraRunStore:
     def retry_row(self, e: RunEventRecord, at: datetime) -> Write:
         """A grouped-write item showing on the run that its failed attempt ``e`` will be
         retried ``at``."""
-        day = day_of(e.scheduled_for)
-        ts = run_cell_time(e.scheduled_for, e.attempt, _OUTCOME_RANK)
-        where = (e.schedule_id, day, e.scheduled_for, e.run_id)
-        return Write((e.schedule_id, day), self.q["run_retry_at"], (ts, at, *where))
+        return self.retry_at_row(e.run_id, e.attempt, at)
+
+    def retry_at_row(self, run_id: str, failed_attempt: int, at: datetime) -> Write:
+        """A grouped-write item: the retry after ``failed_attempt`` is due ``at``. Written at
+        that attempt's outcome rank, whatever the writer: of two such writes the later time
+        wins the tie (a retry a quota put off moves it later), and the retry's own start
+        clears it (``run_retry_taken``, a rank above)."""
+        ref = parse_run_id(run_id)
+        day = day_of(ref.scheduled_for)
+        ts = run_cell_time(ref.scheduled_for, failed_attempt, _OUTCOME_RANK)
+        where = (ref.schedule_id, day, ref.scheduled_for, run_id)
+        return Write((ref.schedule_id, day), self.q["run_retry_at"], (ts, at, *where))
 
     def dead_letter_row(self, e: RunEventRecord) -> Write:
         """A grouped-write item marking the run DEAD_LETTERED after its last attempt ``e``."""

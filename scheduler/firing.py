@@ -181,6 +181,8 @@ class FiringPlan:
     note_on: dict[str, datetime] = field(default_factory=dict)
     # The tenants' tiers and quotas (scheduler.fairness), for the batch's schedules.
     limits: Mapping[str, TenantLimits] = field(default_factory=dict)
+    # Other rows the batch writes (a put-off retry's new due time).
+    rows: list[Write] = field(default_factory=list)
 
     def skip(self, s: Schedule, slot: Slot | datetime, reason: SkipReason, note: str = "") -> None:
         at = slot.at if isinstance(slot, Slot) else slot
@@ -629,6 +631,12 @@ class Firing:
                     capped=capped,
                 )
                 plan.next_timers.append(put_off.to_timer(self._timers.shard_count))
+                if r.attempt > 1:
+                    # The run stays in progress until its retry is due (``retry_pending``),
+                    # and now that is later.
+                    plan.rows.append(self._runs.retry_at_row(r.run_id, r.attempt - 1, at))
+                    if s.active_run == r.run_id:
+                        plan.rows.append(self._schedules.touch_active(s.schedule_id, at))
                 continue
             before = len(plan.enqueue)
             plan_run(s, r, now, plan)
@@ -868,7 +876,7 @@ class Firing:
         and completed cells, cancel requests) is written at once, so a schedule's chain of
         timers never waits for a held message."""
         schedules = self._schedules
-        items = self._runs.insert_rows(plan.skipped)
+        items = [*self._runs.insert_rows(plan.skipped), *plan.rows]
         # Each enqueued run's own rows, in the order of plan.enqueue.
         own: list[list[Write]] = [
             [row] for row in self._runs.insert_rows([r for _s, r in plan.enqueue])

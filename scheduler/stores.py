@@ -124,6 +124,10 @@ class RunStore(Protocol):
         """Item: the failed attempt ``e`` will be retried ``at``."""
         ...
 
+    def retry_at_row(self, run_id: str, failed_attempt: int, at: datetime) -> Write:
+        """Item: the retry after ``failed_attempt`` is due ``at`` (a later time wins)."""
+        ...
+
     def dead_letter_row(self, e: RunEventRecord) -> Write:
         """Item: the run is DEAD_LETTERED after its last attempt ``e``."""
         ...

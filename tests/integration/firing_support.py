@@ -19,9 +19,11 @@ from scheduler.backfill import BackfillDriver, CassandraBackfillStore
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
 from scheduler.config import Config
 from scheduler.dead_letters import CassandraDeadLetterStore
+from scheduler.fairness import CachedDirectory, Throttle
 from scheduler.firing import Firing
 from scheduler.kafka import KafkaRunQueue, ensure_topics
 from scheduler.model import (
+    DEFAULT_TENANT,
     FollowUp,
     OverlapMode,
     RetryPolicy,
@@ -54,9 +56,11 @@ def firing_on(
     fire_ahead: timedelta = timedelta(0),
     cache: ScheduleCache | None = None,
     schedules: ScheduleStore | None = None,
+    tenant_quotas: bool = False,
 ) -> Firing:
     """The dispatcher's ``Firing`` as a dispatcher builds it, every tier producing to ``topic``
-    (without a schedule cache unless given one; ``schedules`` in place of the stores' own)."""
+    (without a schedule cache unless given one; ``schedules`` in place of the stores' own;
+    enforcing the registered tenants' enqueue rates with ``tenant_quotas``)."""
     return Firing(
         schedules=schedules or stores.schedules,
         runs=stores.runs,
@@ -73,6 +77,8 @@ def firing_on(
         ),
         fire_ahead=fire_ahead,
         cache=cache,
+        tenants=CachedDirectory(stores.tenants.limits) if tenant_quotas else None,
+        throttle=Throttle() if tenant_quotas else None,
     )
 
 
@@ -181,6 +187,7 @@ class FiringRig:
     topic: str
     bootstrap: str
     keyspace: str
+    queue: KafkaRunQueue
 
 
 @asynccontextmanager
@@ -209,6 +216,7 @@ async def open_firing_rig(migrated: Config, name: str) -> AsyncIterator[FiringRi
             topic,
             migrated.kafka_bootstrap,
             migrated.keyspace,
+            queue,
         )
     finally:
         await queue.stop()
@@ -220,6 +228,7 @@ async def every_minute(
     overlap: OverlapMode = OverlapMode.SKIP,
     *,
     retry: RetryPolicy | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> tuple[Schedule, Timer]:
     """A schedule firing at every minute's start, and the timer of its coming slot (handed
     early, as fire-ahead does: its next slot is then a minute away, far beyond the lead)."""
@@ -230,6 +239,7 @@ async def every_minute(
         handler="echo",
         spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
         policies=policies,
+        tenant=tenant,
         generation=new_generation(),
         create_time=now,
         update_time=now,

@@ -5,6 +5,7 @@ retry as in progress, and a run asked to cancel while its retry waits is not ret
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -21,11 +22,13 @@ from scheduler.model import (
     run_id_for,
 )
 from scheduler.service import ScheduleService
+from scheduler.tenancy import Tenant, TenantQuotas
 from scheduler.timers import RUN, FireTimer, RunTimer
 from tests.integration.firing_support import (
     MINUTE,
     FiringRig,
     every_minute,
+    firing_on,
     next_fire_timer,
     open_firing_rig,
     read_run_messages,
@@ -164,3 +167,31 @@ async def test_a_failure_with_no_retry_left_ends_the_run_as_before(rig: FiringRi
     assert rig.schedules.reads[reads:] == [], "the second slot read no schedule"
     fired = await rig.stores.runs.get(run_id_for(s.schedule_id, slot + MINUTE))
     assert fired.status is RunStatus.ENQUEUED
+
+
+async def test_a_retry_a_tenant_quota_puts_off_holds_its_schedule_until_its_new_time(
+    migrated: Config,
+) -> None:
+    """The retry comes due while its tenant is over its enqueue rate: it is put off, and the
+    run's retry time moves with it, so the run stays in progress until the retry is sent."""
+    async with open_firing_rig(migrated, "retry-quota") as rig:
+        tenant = f"slow-{uuid.uuid4().hex[:6]}"
+        await rig.stores.tenants.create(
+            Tenant(tenant_id=tenant, quotas=TenantQuotas(max_enqueue_rate=0.001))
+        )
+        firing = firing_on(rig.stores, rig.queue, rig.topic, rig.keyspace, tenant_quotas=True)
+        s, first = await every_minute(rig, OverlapMode.SKIP, retry=LONG_BACKOFF, tenant=tenant)
+        slot = FireTimer.from_timer(first).slot
+        run_id = run_id_for(s.schedule_id, slot)
+        await firing.on_due([first])  # the tenant's one token
+        await report_slot(rig, s, slot, RunStatus.FAILED, slot + MINUTE)
+        due = (await rig.stores.runs.get(run_id)).next_attempt_time
+        assert due is not None
+
+        await firing.on_due([_retry_timer(rig, s.schedule_id, run_id)])
+        row = await rig.stores.runs.get(run_id)
+        assert (row.attempt, row.status) == (1, RunStatus.FAILED), "the retry was put off"
+        assert row.next_attempt_time is not None
+        assert row.next_attempt_time > due + timedelta(minutes=5)  # 1,000 s from now
+        later = row.next_attempt_time + STALE_RUN / 2
+        assert await rig.stores.runs.still_running([run_id], now=later, stale_after=STALE_RUN)
