@@ -450,6 +450,7 @@ def _cancelled_before(row: Run, r: RunTimer, now: datetime) -> RunEventRecord:
         event_time=now,
         attempt=r.attempt,
         error=f"cancelled before attempt {r.attempt}",
+        worker_id=row.worker_id,
         enqueue_time=row.enqueue_time,
         follow_up=FollowUp.NONE,
     )

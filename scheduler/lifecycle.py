@@ -138,6 +138,10 @@ class Lifecycle:
             if current is None:
                 raise NotFound(f"schedule {schedule_id!r} not found")
             raise stale_version(version, current)
+        if s.state is not ScheduleState.PAUSED:
+            # Again once the old chain is superseded: it may have fired a slot early (fire-ahead)
+            # and written its next timer, carrying that run's lease, after the look above.
+            await svc.keep_carried_lease(s, now)
         if updated.after != s.after:
             await svc.dependencies.relink(schedule_id, s.after, updated.after)
         if s.quarantine_error:

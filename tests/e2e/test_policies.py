@@ -122,6 +122,14 @@ def test_overlap_skip_holds_slots_while_a_failed_run_waits_for_its_retry(stack: 
     assert retried, runs
     # A run's start and finish are its last attempt's: the next run started after it ended.
     _assert_no_overlap([r for r in executed if r.status == SUCCEEDED])
+    # Nor did any slot run between a retried run's first attempt (at its slot) and its end.
+    for r in retried:
+        inside = [
+            e.run_id
+            for e in executed
+            if dt(r.scheduled_for) < dt(e.scheduled_for) < dt(r.finish_time)
+        ]
+        assert not inside, f"{inside} ran while {r.run_id} waited for its retry"
 
 
 def test_misfire_policies_after_the_dispatchers_were_down(stack: Stack) -> None:
