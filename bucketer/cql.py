@@ -281,9 +281,21 @@ async def aexecute(session: Session, statement: Any, params: Params | None = Non
 
 async def aexecute_all(session: Session, statement: Any, params: Params | None = None) -> list[Any]:
     """Like ``aexecute`` but follows every page (for multi-partition reads)."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[list[Any]] = loop.create_future()
     rows: list[Any] = []
+    await aeach_page(session, statement, params, rows.extend)
+    return rows
+
+
+async def aeach_page(
+    session: Session,
+    statement: Any,
+    params: Params | None,
+    on_page: Callable[[Sequence[Any]], None],
+) -> None:
+    """Runs a statement and hands every page of its rows, in order, to ``on_page`` (called on
+    the driver's thread, one page at a time): a long read that need not hold every row."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
     rf: ResponseFuture = session.execute_async(statement, params)
 
     def _settle(exc: BaseException | None) -> None:
@@ -292,10 +304,14 @@ async def aexecute_all(session: Session, statement: Any, params: Params | None =
         if exc is not None:
             fut.set_exception(exc)
         else:
-            fut.set_result(rows)
+            fut.set_result(None)
 
     def _ok(page: Any) -> None:
-        rows.extend(page or ())
+        try:
+            on_page(page or ())
+        except BaseException as e:
+            loop.call_soon_threadsafe(_settle, e)
+            return
         if rf.has_more_pages:
             rf.start_fetching_next_page()
         else:
@@ -305,7 +321,7 @@ async def aexecute_all(session: Session, statement: Any, params: Params | None =
         loop.call_soon_threadsafe(_settle, exc)
 
     rf.add_callbacks(_ok, _err)
-    return await fut
+    await fut
 
 
 async def execute_conditional(

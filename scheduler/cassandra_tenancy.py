@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from cassandra.cluster import Session
 
-from bucketer.cql import Queries, aexecute, aexecute_all, execute_conditional, first
+from bucketer.cql import Queries, aeach_page, aexecute, aexecute_all, execute_conditional, first
 from scheduler.errors import AlreadyExists, NotFound
 from scheduler.fairness import TenantLimits
 from scheduler.tenancy import ApiKey, Tenant
 
 # Admin and worker keys are listed under this id in api_keys_by_tenant (no tenant id has a *).
 NO_TENANT = "*"
+# Rows a page of a recount's read of a tenant's schedules.
+RECOUNT_PAGE = 5_000
 
 
 class CassandraTenantStore:
@@ -155,5 +158,37 @@ class CassandraTenantStore:
             await aexecute(self._session, self.q["count_schedule"], (delta, tenant_id))
 
     async def schedule_count(self, tenant_id: str) -> int:
+        return max(0, await self._counter(tenant_id))
+
+    async def _counter(self, tenant_id: str) -> int:
         row = first(await aexecute(self._session, self.q["get_usage"], (tenant_id,)))
-        return max(0, int(row.schedules or 0)) if row is not None else 0
+        return int(row.schedules or 0) if row is not None else 0
+
+    async def counted_tenants(self) -> builtins.list[str]:
+        """Every tenant with a schedule count or registered, sorted."""
+        ids: set[str] = set()
+        for query in ("counted_tenants", "tenant_ids"):
+            ids.update(r.tenant_id for r in await aexecute_all(self._session, self.q[query]))
+        return sorted(ids)
+
+    async def recount_schedules(self, tenant_id: str) -> tuple[int, int]:
+        """Sets the tenant's schedule count (``max_schedules``) to its schedules as stored,
+        counted by the ``schedules_by_tenant`` index; returns (the count before, after).
+
+        The count is a counter moved by creates and deletes: a call that died between its
+        schedule write and its count, a counter write that timed out yet landed, or schedules
+        made before schema version 10 leave it off. Creates and deletes of the tenant during the
+        recount may leave it off by those in flight (a counter cannot be set, only moved):
+        recount while the tenant is quiet, or again."""
+        stored = 0
+
+        def tally(rows: Sequence[Any]) -> None:
+            nonlocal stored
+            stored += sum(1 for r in rows if r.handler is not None)
+
+        statement = self.q["schedules_of_tenant"].bind((tenant_id,))
+        statement.fetch_size = RECOUNT_PAGE
+        await aeach_page(self._session, statement, None, tally)
+        before = await self._counter(tenant_id)
+        await self.count_schedules(tenant_id, stored - before)
+        return before, stored

@@ -418,6 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
         migrate, default="WARNING", help="the lowest level logged (default: WARNING)"
     )
     migrate.set_defaults(run=processes.db_migrate, log_json=False)
+    recount = _parser(
+        db_cmds,
+        "recount-usage",
+        "set each tenant's schedule count (its max_schedules quota) to its stored schedules",
+    )
+    recount.add_argument(
+        "--tenant", metavar="ID", help="only this tenant (default: every tenant with a count)"
+    )
+    recount.set_defaults(run=processes.db_recount_usage, log_json=False)
 
     # processes
     _parser(commands, "api", "run the gRPC API server", [logs]).set_defaults(run=processes.api)

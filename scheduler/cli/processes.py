@@ -166,6 +166,40 @@ def db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def db_recount_usage(args: argparse.Namespace) -> int:
+    """``cronscale db recount-usage``: sets tenants' schedule counts to what is stored."""
+    logging.getLogger("cassandra").setLevel(logging.CRITICAL)
+    from bucketer.cql import StorageUnavailable
+    from scheduler.errors import InvalidArgument
+    from scheduler.tenancy import validate_tenant_id
+
+    try:
+        if args.tenant is not None:
+            validate_tenant_id(args.tenant, "--tenant")
+    except InvalidArgument as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_recount_usage(Config.from_env(), args.tenant))
+    except StorageUnavailable as exc:
+        return _fail(str(exc))
+
+
+async def _recount_usage(config: Config, tenant: str | None) -> int:
+    from scheduler.session import open_stores
+
+    stores = await open_stores(config)
+    try:
+        tenants = [tenant] if tenant else await stores.tenants.counted_tenants()
+        for t in tenants:
+            before, after = await stores.tenants.recount_schedules(t)
+            change = "unchanged" if before == after else f"was {before}"
+            _print_flush(f"{t}: {after} schedules ({change})")
+    finally:
+        stores.close()
+    return 0
+
+
 def local_up(args: argparse.Namespace) -> int:
     """``cronscale local up``: starts (fetching on first use) the local Cassandra and Kafka."""
     from ops.local import LocalSettings, LocalStackError, up

@@ -127,3 +127,38 @@ def test_keys_never_appear_in_logs_or_tables(stack: Stack) -> None:
                     assert p not in text, f"a key's secret is in table {table}"
     finally:
         session.cluster.shutdown()
+
+
+def test_a_schedule_count_off_from_the_stored_schedules_is_recounted(stack: Stack) -> None:
+    """The count behind max_schedules is a counter: a counted create whose schedule write then
+    failed leaves it high, and the tenant is refused below its quota. `cronscale db
+    recount-usage` sets it to what is stored."""
+    tenant = f"recount-{uuid.uuid4().hex[:8]}"
+    assert _cli(stack, "tenant", "create", tenant, "--max-schedules", "3")[0] == 0
+    code, out = _cli(stack, "key", "create", "--role", "tenant-admin", "--tenant", tenant, "--json")
+    assert code == 0, out
+    secret = json.loads(out)["secret"]
+    for i in range(2):
+        code, out = _schedule(stack, secret, f"r{i}")
+        assert code == 0, out
+    session = connect(stack.config.cassandra_hosts, stack.config.cassandra_port)
+    try:
+        session.execute(
+            f"UPDATE {stack.config.keyspace}.tenant_usage SET schedules = schedules + 5 "
+            "WHERE tenant_id = %s",
+            (tenant,),
+        )
+    finally:
+        session.cluster.shutdown()
+    code, out = _schedule(stack, secret, "r2")
+    assert code == 1 and f"tenant '{tenant}' has 7 schedules" in out, out
+
+    code, out = _cli(stack, "db", "recount-usage", "--tenant", tenant)
+    assert code == 0 and f"{tenant}: 2 schedules (was 7)" in out, out
+    code, out = _schedule(stack, secret, "r2")
+    assert code == 0, out
+    code, out = _cli(stack, "db", "recount-usage")
+    assert code == 0 and f"{tenant}: 3 schedules (unchanged)" in out, out
+
+    code, out = _cli(stack, "db", "recount-usage", "--tenant", "no such tenant")
+    assert code == 2 and "--tenant: letters, digits" in out, out

@@ -150,6 +150,7 @@ def test_api_defaults_to_env(monkeypatch: pytest.MonkeyPatch) -> None:
         (["local", "down"], "local_command", "down"),
         (["local", "status"], "local_command", "status"),
         (["db", "migrate"], "db_command", "migrate"),
+        (["db", "recount-usage", "--tenant", "acme"], "tenant", "acme"),
         (["api"], "command", "api"),
         (["dispatcher", "--log-level", "debug", "--log-json"], "log_level", "DEBUG"),
     ],
