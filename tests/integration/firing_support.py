@@ -224,7 +224,7 @@ async def open_firing_rig(migrated: Config, name: str) -> AsyncIterator[FiringRi
 
 
 async def every_minute(
-    rig: FiringRig,
+    stores: Stores,
     overlap: OverlapMode = OverlapMode.SKIP,
     *,
     retry: RetryPolicy | None = None,
@@ -244,11 +244,11 @@ async def every_minute(
         create_time=now,
         update_time=now,
     )
-    await rig.stores.schedules.create(s)
+    await stores.schedules.create(s)
     slot = now.replace(second=0, microsecond=0) + MINUTE
     timer = FireTimer(
         schedule_id=s.schedule_id, generation=s.generation, slot=slot, scheduled_for=slot
-    ).to_timer(rig.stores.timers.shard_count)
+    ).to_timer(stores.timers.shard_count)
     return s, timer
 
 

@@ -27,7 +27,6 @@ from scheduler.model import (
     RunEventRecord,
     RunStatus,
     Schedule,
-    SchedulePolicies,
     ScheduleSpec,
     ScheduleState,
     SpecKind,
@@ -38,7 +37,7 @@ from scheduler.retries import START_LEASE
 from scheduler.service import ScheduleService
 from scheduler.session import Stores, open_stores
 from scheduler.timers import FIRE, LEASE, FireTimer
-from tests.integration.firing_support import firing_on, read_run_messages
+from tests.integration.firing_support import every_minute, firing_on, read_run_messages
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -218,21 +217,8 @@ async def test_a_change_whose_chain_overwrites_the_pending_timer_keeps_its_lease
     svc = ScheduleService(
         schedules=rig.stores.schedules, runs=rig.stores.runs, timers=rig.stores.timers
     )
-    now = datetime.now(UTC)
-    s = Schedule(
-        schedule_id=f"overwritten-{uuid.uuid4().hex[:8]}",
-        handler="echo",
-        spec=ScheduleSpec(kind=SpecKind.CRON, cron="0 * * * * *"),
-        policies=SchedulePolicies(overlap=OverlapMode.ALLOW),
-        generation=new_generation(),
-        create_time=now,
-        update_time=now,
-    )
-    await rig.stores.schedules.create(s)
-    slot = now.replace(second=0, microsecond=0) + MINUTE
-    first = FireTimer(
-        schedule_id=s.schedule_id, generation=s.generation, slot=slot, scheduled_for=slot
-    ).to_timer(rig.stores.timers.shard_count)
+    s, first = await every_minute(rig.stores, OverlapMode.ALLOW)
+    slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])  # handed early, as fire-ahead does
     run_id = run_id_for(s.schedule_id, slot)
     carried = FireTimer.from_timer(_fire_timer_after(rig, s.schedule_id, slot)).lease

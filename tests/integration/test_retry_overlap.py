@@ -62,7 +62,7 @@ def _retry_timer(rig: FiringRig, schedule_id: str, run_id: str) -> Timer:
 async def test_a_slot_due_while_a_retry_is_pending_skips_until_the_retry_ends(
     rig: FiringRig,
 ) -> None:
-    s, first = await every_minute(rig, OverlapMode.SKIP, retry=LONG_BACKOFF)
+    s, first = await every_minute(rig.stores, OverlapMode.SKIP, retry=LONG_BACKOFF)
     slot = FireTimer.from_timer(first).slot
     run_id = run_id_for(s.schedule_id, slot)
     await rig.firing.on_due([first])
@@ -106,7 +106,7 @@ async def test_a_run_marked_on_its_schedule_row_stays_in_progress_through_a_long
     """BUFFER_ONE marks its runs on the schedule row: the failure leaves the run there, alive
     until its retry is due, so a slot during the backoff is held back (not released by the
     failure) and released when the retry succeeds."""
-    s, first = await every_minute(rig, OverlapMode.BUFFER_ONE, retry=LONG_BACKOFF)
+    s, first = await every_minute(rig.stores, OverlapMode.BUFFER_ONE, retry=LONG_BACKOFF)
     slot = FireTimer.from_timer(first).slot
     run_id = run_id_for(s.schedule_id, slot)
     await rig.firing.on_due([first])
@@ -134,7 +134,7 @@ async def test_a_run_marked_on_its_schedule_row_stays_in_progress_through_a_long
 async def test_a_run_asked_to_cancel_while_its_retry_waits_is_not_retried(rig: FiringRig) -> None:
     """CANCEL_PREVIOUS: the slot due during the backoff cancels the run, and its retry, once
     due, is not sent: the run is recorded CANCELLED."""
-    s, first = await every_minute(rig, OverlapMode.CANCEL_PREVIOUS, retry=LONG_BACKOFF)
+    s, first = await every_minute(rig.stores, OverlapMode.CANCEL_PREVIOUS, retry=LONG_BACKOFF)
     slot = FireTimer.from_timer(first).slot
     run_id = run_id_for(s.schedule_id, slot)
     await rig.firing.on_due([first])
@@ -154,7 +154,7 @@ async def test_a_run_asked_to_cancel_while_its_retry_waits_is_not_retried(rig: F
 async def test_a_failure_with_no_retry_left_ends_the_run_as_before(rig: FiringRig) -> None:
     """The last attempt (here the only one) failed: its end is noted on the next fire timer,
     and that slot fires from the cache without a read."""
-    s, first = await every_minute(rig, OverlapMode.SKIP, retry=RetryPolicy(max_attempts=1))
+    s, first = await every_minute(rig.stores, OverlapMode.SKIP, retry=RetryPolicy(max_attempts=1))
     slot = FireTimer.from_timer(first).slot
     run_id = run_id_for(s.schedule_id, slot)
     await rig.firing.on_due([first])
@@ -180,7 +180,9 @@ async def test_a_retry_a_tenant_quota_puts_off_holds_its_schedule_until_its_new_
             Tenant(tenant_id=tenant, quotas=TenantQuotas(max_enqueue_rate=0.001))
         )
         firing = firing_on(rig.stores, rig.queue, rig.topic, rig.keyspace, tenant_quotas=True)
-        s, first = await every_minute(rig, OverlapMode.SKIP, retry=LONG_BACKOFF, tenant=tenant)
+        s, first = await every_minute(
+            rig.stores, OverlapMode.SKIP, retry=LONG_BACKOFF, tenant=tenant
+        )
         slot = FireTimer.from_timer(first).slot
         run_id = run_id_for(s.schedule_id, slot)
         await firing.on_due([first])  # the tenant's one token

@@ -47,7 +47,7 @@ async def rig(migrated: Config) -> AsyncIterator[FiringRig]:
 async def test_a_run_s_end_noted_on_the_next_timer_lets_it_fire_without_a_read(
     rig: FiringRig,
 ) -> None:
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     assert rig.schedules.reads == [s.schedule_id]  # not cached yet
@@ -73,7 +73,7 @@ async def test_a_run_s_end_noted_on_the_next_timer_lets_it_fire_without_a_read(
 async def test_an_announced_change_is_read_before_the_next_firing(rig: FiringRig) -> None:
     """A pause that keeps the generation (so only the announcement can tell): the next slot
     reads the schedule, finds it paused, and fires nothing."""
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     await report_slot(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
@@ -93,7 +93,7 @@ async def test_an_announced_change_is_read_before_the_next_firing(rig: FiringRig
 
 
 async def test_a_run_still_in_progress_is_read_and_skips_the_slot(rig: FiringRig) -> None:
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     await report_slot(rig, s, slot, RunStatus.RUNNING, slot + MINUTE)
@@ -111,7 +111,7 @@ async def test_an_ended_run_whose_note_the_timer_missed_is_found_by_its_run_row(
     """The note landed after the scanner had read the timer (or on a timer a quota put off):
     the schedule row still shows the run in progress; its run row says it ended, so the slot
     fires."""
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     await report_slot(rig, s, slot, RunStatus.SUCCEEDED, slot + MINUTE)
@@ -127,7 +127,7 @@ async def test_an_end_reported_too_close_to_the_next_slot_is_found_from_the_run_
 ) -> None:
     """Too late to note on the next timer: nothing goes on the schedule row either (the run
     was never marked there); the next slot reads the run row, finds it ended, and fires."""
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     soon = datetime.now(UTC) + DONE_NOTE_LEAD - timedelta(seconds=1)
@@ -146,7 +146,7 @@ async def test_a_slot_s_run_is_marked_in_progress_on_its_next_timer_not_the_sche
 ) -> None:
     """Decision 0013: no overlap cell is written for the run of a slot whose end can be noted
     on the next fire timer; that timer names it instead."""
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     row = await rig.stores.schedules.get(s.schedule_id)
@@ -158,7 +158,7 @@ async def test_a_slot_s_run_is_marked_in_progress_on_its_next_timer_not_the_sche
 async def test_a_slot_skipped_for_a_run_carries_it_on_to_the_slot_after(rig: FiringRig) -> None:
     """A run outlasting two slots: the first slot after it is skipped and its timer hands
     the run on; once the run ends (too late to note on any timer), the slot after fires."""
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     run_id = run_id_for(s.schedule_id, slot)
     await rig.firing.on_due([first])
@@ -184,7 +184,7 @@ async def test_an_update_hands_the_run_in_progress_to_its_first_timer(rig: Firin
     """The run in progress rode on the superseded chain's timer: the change's first timer
     names it too, so the new spec's first slot still skips for it."""
     svc = ScheduleService(schedules=rig.schedules, runs=rig.stores.runs, timers=rig.stores.timers)
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     run_id = run_id_for(s.schedule_id, slot)
     await rig.firing.on_due([first])
@@ -218,7 +218,7 @@ async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: FiringRig
     manual trigger under SKIP finds it from the run rows; while it runs, it skips; once it
     ended, it runs."""
     svc = ScheduleService(schedules=rig.schedules, runs=rig.stores.runs, timers=rig.stores.timers)
-    s, first = await every_minute(rig)
+    s, first = await every_minute(rig.stores)
     slot = FireTimer.from_timer(first).slot
     await rig.firing.on_due([first])
     await report_slot(rig, s, slot, RunStatus.RUNNING, slot + MINUTE)
@@ -238,7 +238,7 @@ async def test_a_trigger_weighs_a_run_ended_on_the_timer_as_ended(rig: FiringRig
 async def test_a_change_whose_announcement_was_too_slow_is_not_made(rig: FiringRig) -> None:
     """A dispatcher may have looked past an announcement that took longer than
     ANNOUNCE_LIMIT to land: the API answers UNAVAILABLE and leaves the schedule as it was."""
-    s, _first = await every_minute(rig)
+    s, _first = await every_minute(rig.stores)
     current = await rig.stores.schedules.get(s.schedule_id)
     # Any announcement takes longer than no time at all.
     impatient = CassandraScheduleStore(
@@ -274,7 +274,7 @@ async def test_a_change_landing_after_the_hold_is_announced_again(rig: FiringRig
     """A change written later than dispatchers hold its schedule out of their caches (an API
     stalled between announcing and writing): one may have cached the row as it was, so the
     change is announced again once written. One that lands in time is announced once."""
-    s, _first = await every_minute(rig)
+    s, _first = await every_minute(rig.stores)
 
     async def announcements() -> int:
         since = datetime.now(UTC) - timedelta(minutes=1)
