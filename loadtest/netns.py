@@ -66,11 +66,25 @@ class SimulatedHost:
                 ("link", "set", "lo", "up"),
             ):
                 _ip("netns", "exec", self.name, "ip", *args)
-            self._relay([f"{self.host_ip}:{p}=127.0.0.1:{p}" for p in ports], inside=False)
-            self._relay([f"127.0.0.1:{p}={self.host_ip}:{p}" for p in ports], inside=True)
+            self.relay(ports)
         except BaseException:
             self.down()
             raise
+
+    def relay(self, ports: Sequence[int]) -> list[subprocess.Popen[bytes]]:
+        """Relays ``ports`` (on 127.0.0.1 inside) to the same ports on the root namespace's
+        loopback, through a relay pair of their own; returns it (for :meth:`stop_relays`)."""
+        before = len(self._relays)
+        self._relay([f"{self.host_ip}:{p}=127.0.0.1:{p}" for p in ports], inside=False)
+        self._relay([f"127.0.0.1:{p}={self.host_ip}:{p}" for p in ports], inside=True)
+        return self._relays[before:]
+
+    def stop_relays(self, relays: Sequence[subprocess.Popen[bytes]]) -> None:
+        """Stops relays :meth:`relay` started: their ports drop off, the others stay."""
+        for proc in relays:
+            proc.kill()
+            proc.wait()
+            self._relays.remove(proc)
 
     def _relay(self, routes: list[str], *, inside: bool) -> None:
         cmd = [sys.executable, "-m", "loadtest.forward", *routes]
