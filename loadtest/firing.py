@@ -64,6 +64,7 @@ from scheduler.model import (
     Run,
     RunStatus,
     Schedule,
+    SchedulePolicies,
     ScheduleSpec,
     SpecKind,
     new_generation,
@@ -315,14 +316,20 @@ async def register_stored(config: Config, count: int) -> float:
 
 
 def new_schedule(
-    prefix: str, spec: ScheduleSpec, now: datetime, after: datetime, shard_count: int
+    prefix: str,
+    spec: ScheduleSpec,
+    now: datetime,
+    after: datetime,
+    shard_count: int,
+    policies: SchedulePolicies | None = None,
 ) -> tuple[Schedule, Timer]:
-    """A load schedule (handler ``loadtest.tally``) with its first slot after ``after``, and
-    that slot's fire timer."""
+    """A load schedule (handler ``loadtest.tally``; ``policies``, else the defaults) with its
+    first slot after ``after``, and that slot's fire timer."""
     s = Schedule(
         schedule_id=f"{prefix}-{uuid.uuid4().hex[:16]}",
         handler="loadtest.tally",
         spec=spec,
+        policies=policies or SchedulePolicies(),
         generation=new_generation(),
         create_time=now,
         update_time=now,
@@ -360,8 +367,11 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list[Schedule], float]:
-    """Imports ``count`` schedules and their first timers; returns them and schedules/s."""
+async def register(
+    config: Config, count: int, spec: ScheduleSpec, policies: SchedulePolicies | None = None
+) -> tuple[list[Schedule], float]:
+    """Imports ``count`` schedules (``policies``, else the defaults) and their first timers;
+    returns them and schedules/s."""
     session, schedules, timers = _import_stores(config)
     try:
         now = datetime.now(UTC)
@@ -373,7 +383,7 @@ async def register(config: Config, count: int, spec: ScheduleSpec) -> tuple[list
             for _ in range(min(5000, count - start)):
                 # Skip the current minute: every schedule starts at the next one.
                 s, first = new_schedule(
-                    "load", spec, now, now + timedelta(seconds=60), config.shard_count
+                    "load", spec, now, now + timedelta(seconds=60), config.shard_count, policies
                 )
                 chunk.append(s)
                 fires.append(first)

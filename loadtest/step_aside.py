@@ -37,7 +37,7 @@ from loadtest.firing import REPO, REPORTS, _free_port, _port_of, register
 from loadtest.netns import SimulatedHost
 from ops.migrate import migrate
 from scheduler.config import Config
-from scheduler.model import ScheduleSpec, SpecKind
+from scheduler.model import OverlapMode, SchedulePolicies, ScheduleSpec, SpecKind
 
 SHARDS = 64
 POLL_S = 0.5
@@ -110,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     migrate(config, out=lambda _line: None)
     if args.firing:
+        # ALLOW: with no worker to end them, runs would hold their schedules' slots otherwise.
         every_second = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * * *")
-        asyncio.run(register(config, args.firing, every_second))
+        allow = SchedulePolicies(overlap=OverlapMode.ALLOW)
+        asyncio.run(register(config, args.firing, every_second, allow))
     logs = REPORTS / f"logs-aside-{token}"
     logs.mkdir(parents=True, exist_ok=True)
     env = {
