@@ -108,12 +108,6 @@ def main(argv: list[str] | None = None) -> int:
         topic_prefix=f"cs-aside-{token}.runs",
         shard_count=SHARDS,
     )
-    migrate(config, out=lambda _line: None)
-    if args.firing:
-        # ALLOW: with no worker to end them, runs would hold their schedules' slots otherwise.
-        every_second = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * * *")
-        allow = SchedulePolicies(overlap=OverlapMode.ALLOW)
-        asyncio.run(register(config, args.firing, every_second, allow))
     logs = REPORTS / f"logs-aside-{token}"
     logs.mkdir(parents=True, exist_ok=True)
     env = {
@@ -148,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     try:
+        migrate(config, out=lambda _line: None)
+        if args.firing:
+            # ALLOW: with no worker to end them, runs would hold their schedules' slots else.
+            every_second = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * * *")
+            allow = SchedulePolicies(overlap=OverlapMode.ALLOW)
+            asyncio.run(register(config, args.firing, every_second, allow))
         # Cassandra through one relay pair, Kafka through another that can be stopped alone.
         host.up([config.cassandra_port])
         kafka_relays = host.relay([kafka_port])
