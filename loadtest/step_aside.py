@@ -46,7 +46,8 @@ POLL_S = 0.5
 def _owners(session: Session, keyspace: str) -> Counter[str]:
     """How many shards each dispatcher holds a live lease on, by the ``shards`` table."""
     now_ms = time.time() * 1000
-    rows = session.execute(f"SELECT shard, owner, lease_expires FROM {keyspace}.shards")
+    # One row per shard: the lease columns are static (the rows under them are checkpoints).
+    rows = session.execute(f"SELECT DISTINCT shard, owner, lease_expires FROM {keyspace}.shards")
     return Counter(
         r.owner
         for r in rows
