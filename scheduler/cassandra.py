@@ -529,11 +529,6 @@ class CassandraRunStore:
             )
         return items
 
-    def retry_row(self, e: RunEventRecord, at: datetime) -> Write:
-        """A grouped-write item showing on the run that its failed attempt ``e`` will be
-        retried ``at``."""
-        return self.retry_at_row(e.run_id, e.attempt, at)
-
     def retry_at_row(self, run_id: str, failed_attempt: int, at: datetime) -> Write:
         """A grouped-write item: the retry after ``failed_attempt`` is due ``at``. Written at
         that attempt's outcome rank, whatever the writer: of two such writes the later time

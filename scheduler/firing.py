@@ -74,6 +74,7 @@ from scheduler.retries import (
     DeadLetterPublisher,
     Failures,
     LeaseCheck,
+    retry_due_rows,
 )
 from scheduler.schedule_cache import ScheduleCache
 from scheduler.slots import (
@@ -632,12 +633,10 @@ class Firing:
                     capped=capped,
                 )
                 plan.next_timers.append(put_off.to_timer(self._timers.shard_count))
-                if r.attempt > 1:
-                    # The run stays in progress until its retry is due (``retry_pending``),
-                    # and now that is later.
-                    plan.rows.append(self._runs.retry_at_row(r.run_id, r.attempt - 1, at))
-                    if s.active_run == r.run_id:
-                        plan.rows.append(self._schedules.touch_active(s.schedule_id, at))
+                if r.attempt > 1:  # the run stays in progress until its retry, now later
+                    plan.rows.extend(
+                        retry_due_rows(self._runs, self._schedules, s, r.run_id, r.attempt - 1, at)
+                    )
                 continue
             before = len(plan.enqueue)
             plan_run(s, r, now, plan)

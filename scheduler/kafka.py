@@ -240,10 +240,7 @@ class KafkaRunQueue:
         idempotence state went wrong (``OutOfOrderSequenceNumber`` after a batch expired
         unacknowledged) fails every later batch of the partition at once."""
         if self._stale:
-            # Concurrent batches find it stale together: one replaces it, the rest use that.
-            async with self._restarting:
-                if self._stale:
-                    await self._restart()
+            await self._restart_if_stale()
         producer = self._producer
         try:
             await asyncio.wait_for(self._send(topic, messages), SEND_DEADLINE)
@@ -324,16 +321,21 @@ class KafkaRunQueue:
         await self.start()  # raises while Kafka is away: replaced again next time
         self._stale = False
 
+    async def _restart_if_stale(self) -> None:
+        # Concurrent callers find it stale together: one replaces it, the rest use that.
+        async with self._restarting:
+            if self._stale:
+                await self._restart()
+
     async def _recover(self) -> None:
         """Replaces a stale producer, or starts one that failed to: the probe's restart."""
-        async with self._restarting:
-            try:
-                if self._stale:
-                    await self._restart()
-                elif not self._running:
+        try:
+            await self._restart_if_stale()
+            async with self._restarting:
+                if not self._running:
                     await self.start()
-            except Exception as e:  # a background task's: logged, the next probe tries again
-                logger.info("the Kafka producer is not back yet: %s: %s", type(e).__name__, e)
+        except Exception as e:  # a background task's: logged, the next probe tries again
+            logger.info("the Kafka producer is not back yet: %s: %s", type(e).__name__, e)
 
 
 async def _close(producer: AIOKafkaProducer, deadline: float) -> None:

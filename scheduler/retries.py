@@ -86,6 +86,25 @@ def next_attempt_at(policy: RetryPolicy, e: RunEventRecord, now: datetime) -> da
     return now + min(wait, policy.max_backoff)
 
 
+def retry_due_rows(
+    runs: RunStore,
+    schedules: ScheduleStore,
+    s: Schedule,
+    run_id: str,
+    failed_attempt: int,
+    at: datetime,
+) -> list[Write]:
+    """Items: the retry after ``failed_attempt`` of ``run_id`` (a run of ``s``) is due ``at``,
+    when a failure is recorded or a quota puts the retry off. The run stays in progress until
+    then (``scheduler.cassandra.retry_pending``); marked in progress on the schedule row rather
+    than a fire timer, it shows its next sign of life there at ``at``, however long the backoff
+    (``Schedule.in_progress``)."""
+    rows = [runs.retry_at_row(run_id, failed_attempt, at)]
+    if s.active_run == run_id:
+        rows.append(schedules.touch_active(s.schedule_id, at))
+    return rows
+
+
 class DeadLetterPublisher:
     """The dispatcher's side of dead letters: produces those whose ``DeadLetterTimer`` is due
     to the dead-letter topic (a read of each, with its failed attempts: never per firing)."""
@@ -187,12 +206,8 @@ class Failures:
                     tenant=s.tenant,
                 )
             )
-            markers.append(self._runs.retry_row(e, at))
+            markers.extend(retry_due_rows(self._runs, self._schedules, s, e.run_id, e.attempt, at))
             retried.add(e.run_id)
-            if s.active_run == e.run_id:
-                # Marked in progress on the schedule row (not on a fire timer): alive until
-                # its retry is due, however long the backoff (``Schedule.in_progress``).
-                markers.append(self._schedules.touch_active(e.schedule_id, at))
             metrics.RUNS_RETRIED.labels(reason=e.status.value if e.status else "").inc()
         letters = await self._letters(hopeless, now)
         publish: list[DeadLetterTimer] = []

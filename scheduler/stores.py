@@ -120,10 +120,6 @@ class RunStore(Protocol):
         follows) leaves the run in progress on its schedule."""
         ...
 
-    def retry_row(self, e: RunEventRecord, at: datetime) -> Write:
-        """Item: the failed attempt ``e`` will be retried ``at``."""
-        ...
-
     def retry_at_row(self, run_id: str, failed_attempt: int, at: datetime) -> Write:
         """Item: the retry after ``failed_attempt`` is due ``at`` (a later time wins)."""
         ...

@@ -238,7 +238,13 @@ async def test_a_retry_that_ran_clears_the_retry_time_even_without_its_enqueued_
         await _fire(schedules, runs, run, run.scheduled_for)
         failed = _event(run, RunStatus.FAILED, run.scheduled_for, error="boom")
         await runs.record_events([failed], now=T0)
-        await runs.write([runs.retry_row(failed, run.scheduled_for + timedelta(seconds=1))])
+        await runs.write(
+            [
+                runs.retry_at_row(
+                    failed.run_id, failed.attempt, run.scheduled_for + timedelta(seconds=1)
+                )
+            ]
+        )
         assert (await runs.get(run.run_id)).next_attempt_time is not None
     ok2, again2 = _enqueued(s, T0, attempt=2), _enqueued(s, later, attempt=2)
     ran = T0 + timedelta(seconds=3)
@@ -247,7 +253,9 @@ async def test_a_retry_that_ran_clears_the_retry_time_even_without_its_enqueued_
     )
     retry_at = T0 + timedelta(seconds=30)
     failed2 = _event(again2, RunStatus.FAILED, ran, start_time=ran, worker_id="w1", error="x")
-    await runs.write([runs.retry_row(failed2, retry_at)])  # lands before the report itself
+    await runs.write(
+        [runs.retry_at_row(failed2.run_id, failed2.attempt, retry_at)]
+    )  # lands before the report itself
     await runs.record_events([_event(again2, RunStatus.RUNNING, ran), failed2], now=ran)
     done = await runs.get(ok.run_id)
     assert (done.status, done.attempt, done.next_attempt_time) == (RunStatus.SUCCEEDED, 2, None)
@@ -275,7 +283,7 @@ async def test_finished_answers_per_attempt_asked(
     for run in (retried, unretried, will_retry):
         await runs.record_events([_event(run, RunStatus.FAILED, T0, error="boom")], now=T0)
     failed = _event(will_retry, RunStatus.FAILED, T0, error="boom")
-    await runs.write([runs.retry_row(failed, T0 + timedelta(seconds=5))])
+    await runs.write([runs.retry_at_row(failed.run_id, failed.attempt, T0 + timedelta(seconds=5))])
     second = _enqueued(s, retried.scheduled_for, attempt=2)
     await _fire(schedules, runs, second, T0 + timedelta(seconds=30))
     asked = {r.run_id: 1 for r in (pending, running, succeeded, retried, unretried, will_retry)}
