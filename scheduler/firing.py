@@ -401,7 +401,9 @@ def dependent_run_wanted(s: Schedule, r: RunTimer, plan: FiringPlan) -> bool:
 
     A dependent run (its origin is a run of another schedule) is dropped when ``s`` no longer
     runs after that schedule (an edge removed, or a stale ``downstream`` entry naming a
-    recreated id), and recorded SKIPPED (reason ``paused``) while ``s`` is paused.
+    recreated id), and recorded SKIPPED (reason ``paused``) while ``s`` is paused: at the
+    timer's attempt, so a retry skipped so ranks above the failure it follows and ends the run
+    (a failure with a retry time is in progress until that retry).
     """
     if not r.origin_run_id:
         return True
@@ -425,6 +427,7 @@ def dependent_run_wanted(s: Schedule, r: RunTimer, plan: FiringPlan) -> bool:
                 tenant=s.tenant,
                 skip_reason=SkipReason.PAUSED.value,
                 origin_run_id=r.origin_run_id,
+                attempt=r.attempt,
             )
         )
         return False

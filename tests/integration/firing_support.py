@@ -274,10 +274,11 @@ async def report_slot(
     *,
     attempt: int = 1,
     follow_up: FollowUp = FollowUp.NONE,
+    run_id: str = "",
 ) -> None:
-    """The worker's report of (``attempt`` of) the run fired at ``slot``, echoing its
-    message."""
-    run_id = run_id_for(s.schedule_id, slot)
+    """The worker's report of (``attempt`` of) the run fired at ``slot`` (or of ``run_id``,
+    scheduled for ``slot``), echoing its message."""
+    run_id = run_id or run_id_for(s.schedule_id, slot)
     row = await rig.stores.runs.get(run_id)
     now = datetime.now(UTC)
     await rig.reports.record(

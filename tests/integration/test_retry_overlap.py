@@ -19,8 +19,14 @@ from scheduler.model import (
     OverlapMode,
     RetryPolicy,
     RunStatus,
+    Schedule,
+    SchedulePolicies,
+    ScheduleSpec,
+    SpecKind,
+    new_generation,
     run_id_for,
 )
+from scheduler.reports import dependent_run_id
 from scheduler.service import ScheduleService
 from scheduler.tenancy import Tenant, TenantQuotas
 from scheduler.timers import RUN, FireTimer, RunTimer
@@ -197,3 +203,46 @@ async def test_a_retry_a_tenant_quota_puts_off_holds_its_schedule_until_its_new_
         assert row.next_attempt_time > due + timedelta(minutes=5)  # 1,000 s from now
         later = row.next_attempt_time + STALE_RUN / 2
         assert await rig.stores.runs.still_running([run_id], now=later, stale_after=STALE_RUN)
+
+
+async def test_a_dependent_runs_retry_due_while_its_schedule_is_paused_ends_the_run(
+    rig: FiringRig,
+) -> None:
+    """A run fired by an upstream's success failed; its schedule is paused before the retry
+    is due. The retry is not run while paused (as the dependent run itself would not be): it
+    is recorded SKIPPED (``paused``) at the retry's attempt, above the failure, which ends the
+    run instead of leaving it in progress with a retry time that never comes."""
+    now = datetime.now(UTC)
+    upstream = f"up-{uuid.uuid4().hex[:8]}"
+    s = Schedule(
+        schedule_id=f"down-{uuid.uuid4().hex[:8]}",
+        handler="echo",
+        spec=ScheduleSpec(kind=SpecKind.NONE),
+        after=frozenset({upstream}),
+        policies=SchedulePolicies(retry=LONG_BACKOFF),
+        generation=new_generation(),
+        create_time=now,
+        update_time=now,
+    )
+    await rig.stores.schedules.create(s)
+    at = now.replace(microsecond=0)
+    origin = run_id_for(upstream, at)
+    run_id = dependent_run_id(s.schedule_id, origin, at)
+    first = RunTimer(
+        schedule_id=s.schedule_id, run_id=run_id, scheduled_for=at, fire_at=at, origin_run_id=origin
+    )
+    await rig.firing.on_due([first.to_timer(rig.stores.timers.shard_count)])
+    assert (await rig.stores.runs.get(run_id)).status is RunStatus.ENQUEUED
+    await report_slot(rig, s, at, RunStatus.FAILED, None, run_id=run_id)
+    assert (await rig.stores.runs.get(run_id)).next_attempt_time is not None
+
+    svc = ScheduleService(schedules=rig.schedules, runs=rig.stores.runs, timers=rig.stores.timers)
+    await svc.pause(s.schedule_id, note="", paused_by="test")
+    await rig.firing.on_due([_retry_timer(rig, s.schedule_id, run_id)])
+    row = await rig.stores.runs.get(run_id)
+    assert (row.status, row.skip_reason, row.attempt) == (RunStatus.SKIPPED, "paused", 2)
+    assert row.next_attempt_time is None
+    later = datetime.now(UTC) + timedelta(minutes=20)
+    assert not await rig.stores.runs.still_running([run_id], now=later, stale_after=STALE_RUN)
+    messages = await read_run_messages(rig.bootstrap, rig.topic)
+    assert [(m.run_id, m.attempt) for m in messages] == [(run_id, 1)]
