@@ -154,6 +154,9 @@ class KafkaRunQueue:
         self._stale = False
         # Whether the current producer started (one replaced after a failure has not yet).
         self._running = False
+        # Starts that failed since the producer last ran: an outage is logged at its first
+        # replacement and at its end, not at every probe's attempt (every 2 s) in between.
+        self._failed_starts = 0
         self._restarting = asyncio.Lock()
         # A restart the health probe began (it does not wait for it: ``probe``).
         self._recovery: asyncio.Task[None] | None = None
@@ -186,10 +189,14 @@ class KafkaRunQueue:
             # answers for it (a cluster half up), and a process starting would hang there.
             await asyncio.wait_for(self._producer.start(), self._start_deadline)
         except (KafkaConnectionError, TimeoutError) as e:
+            self._failed_starts += 1
             failed, self._producer = self._producer, self._new_producer()
             await _close(failed, self._stop_deadline)
             why = e if str(e) else TimeoutError(f"no answer within {self._start_deadline:g} s")
             raise _unreachable(self._bootstrap, self._security, why) from e
+        if self._failed_starts:
+            logger.info("the Kafka producer started after %d failed attempts", self._failed_starts)
+            self._failed_starts = 0
         self._running = True
 
     async def stop(self) -> None:
@@ -312,7 +319,14 @@ class KafkaRunQueue:
             batch.acked.result()  # raises what the batch failed with
 
     async def _restart(self) -> None:
-        logger.warning("replacing the Kafka producer after a send failed or passed its deadline")
+        if self._running:  # the first replacement; while Kafka stays away, one per probe
+            logger.warning(
+                "replacing the Kafka producer after a send failed or passed its deadline"
+            )
+        else:
+            logger.debug(
+                "replacing the Kafka producer again (%d failed starts)", self._failed_starts
+            )
         old, self._producer = self._producer, self._new_producer()
         self._running = False
         # The old producer's lanes fail with it; the next messages start new ones.
@@ -334,8 +348,9 @@ class KafkaRunQueue:
             async with self._restarting:
                 if not self._running:
                     await self.start()
-        except Exception as e:  # a background task's: logged, the next probe tries again
-            logger.info("the Kafka producer is not back yet: %s: %s", type(e).__name__, e)
+        except Exception as e:  # a background task's: the next probe tries again
+            # The outage was logged when it began; its end is logged by ``start``.
+            logger.debug("the Kafka producer is not back yet: %s: %s", type(e).__name__, e)
 
 
 async def _close(producer: AIOKafkaProducer, deadline: float) -> None:

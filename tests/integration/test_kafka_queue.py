@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from asyncio import StreamReader, StreamWriter
 from collections.abc import Awaitable, Callable, Sequence
@@ -457,3 +458,56 @@ async def test_a_producer_that_could_not_start_is_started_by_the_probe_once_kafk
         await queue.stop()
         bootstrap.close()
     assert await _consumed_run_ids(config, topic, 1) == ["back@r0"]
+
+
+async def test_an_outage_is_logged_when_it_begins_and_when_it_ends(
+    config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While Kafka stays away the probe replaces the producer every 2 s: the replacement is
+    logged once, at WARNING, and the producer's return once, at INFO; the attempts between
+    are DEBUG. Kafka is reached through a bootstrap address that is closed and opened again."""
+    topic = config.topic("outage-log")
+    await ensure_topics(config.kafka_bootstrap, [topic], partitions=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    host, kafka_port = config.kafka_bootstrap.split(",")[0].rsplit(":", 1)
+    forward = _forward_to(host, int(kafka_port))
+    bootstrap = await asyncio.start_server(forward, "127.0.0.1", port)
+    queue = KafkaRunQueue(f"127.0.0.1:{port}", start_deadline=1.0)
+    await queue.start()
+    loop = asyncio.get_running_loop()
+
+    async def probe_until(ok: bool, attempts: int) -> None:
+        for _ in range(attempts):
+            try:
+                await queue.probe()
+                if ok:
+                    return
+            except KafkaError:
+                pass
+            await asyncio.sleep(0.5)
+        if ok:
+            raise AssertionError("the probe never brought the producer back")
+
+    caplog.set_level(logging.DEBUG, logger="scheduler.kafka")
+    try:
+        bootstrap.close()
+        await bootstrap.wait_closed()
+        queue._stale = True  # a batch failed, as in the tests above
+        started = loop.time()
+        await probe_until(ok=False, attempts=8)
+        assert loop.time() - started > 3
+        bootstrap = await asyncio.start_server(forward, "127.0.0.1", port)
+        await probe_until(ok=True, attempts=40)
+        await queue.enqueue(topic, _messages("after-outage", 1))
+    finally:
+        await queue.stop()
+        bootstrap.close()
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "scheduler.kafka"]
+    loud = [(level, text) for level, text in logged if level >= logging.INFO]
+    assert [level for level, _ in loud] == [logging.WARNING, logging.INFO], logged
+    assert "replacing the Kafka producer" in loud[0][1]
+    assert "started after" in loud[1][1]
+    assert sum(level == logging.DEBUG for level, _ in logged) >= 2, logged
+    assert await _consumed_run_ids(config, topic, 1) == ["after-outage@r0"]
