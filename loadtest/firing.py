@@ -52,7 +52,15 @@ from loadtest import figures
 from loadtest.figures import pct
 from loadtest.netns import SimulatedHost
 from loadtest.profiling import ProfilerMissing, WindowProfiler, find_jcmd, find_pyspy
-from loadtest.table_ops import Counts, per_firing_ops, report_line, table_counts
+from loadtest.table_ops import (
+    Compactions,
+    Counts,
+    compactions_line,
+    node_compactions,
+    per_firing_ops,
+    report_line,
+    table_counts,
+)
 from loadtest.tally import ENV_DIR, Execution, read_tallies
 from ops.local import LocalSettings
 from ops.migrate import migrate
@@ -219,6 +227,15 @@ def _ops(session: Session, keyspace: str) -> Counts | None:
         return table_counts(session, keyspace)
     except Exception as e:  # the report matters more than this line of it
         print(f"could not read Cassandra's operation counts: {e}", file=sys.stderr)
+        return None
+
+
+def _compactions(session: Session, since: datetime, until: datetime) -> list[Compactions] | None:
+    """The node's compactions that ended in the window (None, said on stderr, if unread)."""
+    try:
+        return node_compactions(session, since, until)
+    except Exception as e:  # the report matters more than this line of it
+        print(f"could not read Cassandra's compaction history: {e}", file=sys.stderr)
         return None
 
 
@@ -711,6 +728,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             return fired, cache
 
         ops0 = _ops(cql, config.keyspace)  # Cassandra's own counts (loadtest.table_ops)
+        measured_from = datetime.now(UTC)
         cpu0 = cpu_now()
         fired0, cache0 = counts()
         wall0 = time.monotonic()
@@ -743,6 +761,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         rss = {n: _rss_mib(pid) for n, pid in pids.items() if killed_at is None or n not in remote}
         fired_at_end, cache_at_end = counts()
         ops1 = _ops(cql, config.keyspace)
+        compacted = _compactions(cql, measured_from, datetime.now(UTC))
         fired = fired_at_end - fired0
         cache = {k: v - cache0[k] for k, v in cache_at_end.items()}
         # Let the window's last runs start (a backlog drains), then count from the handlers.
@@ -889,6 +908,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         report_line(table_ops)
         if table_ops is not None
         else "- Cassandra's operation counts: unread",
+        compactions_line(compacted, keyspace=config.keyspace)
+        if compacted is not None
+        else "- Cassandra's compactions: unread",
         *profiled,
         "",
         *(
@@ -930,6 +952,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "skipped_by_policy": len(window_skipped),
         "ran_twice": len(doubled),
         "cassandra_ops_per_firing": table_ops,
+        "cassandra_compactions": (
+            [{"table": c.table, "count": c.count, "bytes_in": c.bytes_in} for c in compacted]
+            if compacted is not None
+            else None
+        ),
         "lag_s": {
             "p50": pct(lags, 0.5),
             "p99": pct(lags, 0.99),

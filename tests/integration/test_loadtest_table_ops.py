@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from cassandra.cluster import Session
 
-from loadtest.table_ops import per_firing_ops, table_counts
+from loadtest.table_ops import node_compactions, per_firing_ops, table_counts
 from scheduler.config import Config
 
 
@@ -29,3 +31,18 @@ def test_a_write_a_read_and_a_lightweight_transaction_are_counted_by_table(
     assert moved["schedule_changes"]["write"] >= 1
     assert moved["schedules"]["read"] >= 1
     assert moved["system.paxos"]["write"] >= 1
+
+
+def test_the_node_s_compaction_history_is_read_whole_over_a_window_that_spans_it(
+    session: Session,
+) -> None:
+    """Every compaction the node kept (a week's) falls in a window from long before to now,
+    each counted once under its table."""
+    kept = list(
+        session.execute("SELECT keyspace_name, columnfamily_name FROM system.compaction_history")
+    )
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    found = node_compactions(session, now - timedelta(days=365), now)
+    assert sum(c.count for c in found) >= len(kept)  # more may have ended since
+    assert {f"{r.keyspace_name}.{r.columnfamily_name}" for r in kept} <= {c.table for c in found}
+    assert node_compactions(session, now, now + timedelta(days=1)) == []
