@@ -24,6 +24,7 @@ from ops.local.stack import (
     check_ports,
     down,
     format_status,
+    reset,
     status,
     up,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "check_ports",
     "down",
     "format_status",
+    "reset",
     "status",
     "up",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -328,6 +329,41 @@ def down(settings: LocalSettings, out: Output = print) -> tuple[ServiceStop, ...
             out(f"{verb} {service.name} (pid {pid}) in {took:.1f} s")
             stops.append(ServiceStop(name=service.name, pid=pid, outcome=outcomes[pid]))
         return tuple(stops)
+
+
+def reset(settings: LocalSettings, out: Output = print) -> tuple[ServiceStop, ...]:
+    """Stop the servers (as :func:`down`) and delete their data: every keyspace, table and row
+    of Cassandra and every topic of Kafka. The fetched jars, the logs and Kafka's cluster id
+    stay; the next ``up`` starts empty nodes (Kafka's storage formatted again), to be migrated.
+
+    For a development node that has outlived thousands of test and benchmark keyspaces: their
+    lightweight transactions' state stays in ``system.paxos`` for the tables' ``gc_grace_seconds``
+    (10 days by default) after the keyspaces are dropped, and every flush of that table is
+    compacted with all of it (``docs/operations/local-stack.md``).
+    """
+    stops = down(settings, out)
+    with _stack_lock(settings):
+        services = _services(settings)
+        for service in services:
+            # A server this stack has no pid of (started by hand on this home?) may still be
+            # writing there: its data is not deleted from under it.
+            held = [
+                spec for spec in service.ports() if process.port_in_use(settings.host, spec.port)
+            ]
+            if held:
+                raise LocalStackError(
+                    f"{service.name}'s port {held[0].port} is still in use after stopping what "
+                    "this stack started; stop whatever holds it, then reset again"
+                )
+        for service in services:
+            data = settings.data_dir(service.name)
+            if not data.exists():
+                out(f"{service.name} has no data to delete")
+                continue
+            size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+            shutil.rmtree(data)
+            out(f"deleted {service.name}'s data ({size / 2**20:,.1f} MiB, {data})")
+    return stops
 
 
 def _wait_ports_released(settings: LocalSettings, service: LocalService) -> None:

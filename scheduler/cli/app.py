@@ -407,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
         run=processes.local_up
     )
     _parser(local_cmds, "down", "stop them").set_defaults(run=processes.local_down)
+    _parser(
+        local_cmds, "reset", "stop them and delete their data (every keyspace and topic)"
+    ).set_defaults(run=processes.local_reset)
     _parser(local_cmds, "status", "show whether they answer (exit 3 if one is down)").set_defaults(
         run=processes.local_status
     )

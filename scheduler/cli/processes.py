@@ -222,6 +222,18 @@ def local_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_reset(args: argparse.Namespace) -> int:
+    """``cronscale local reset``: stops them and deletes their data (jars, logs stay)."""
+    from ops.local import LocalSettings, LocalStackError, reset
+
+    try:
+        reset(LocalSettings.from_env(), out=_print_flush)
+    except LocalStackError as exc:
+        return _fail(str(exc))
+    _print_flush("start them empty with `cronscale local up`, then `cronscale db migrate`")
+    return 0
+
+
 def local_status(args: argparse.Namespace) -> int:
     """``cronscale local status``: exit 0 when both services answer, 3 when one is down."""
     from ops.local import LocalSettings, LocalStackError, format_status, status

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import RoundRobinPolicy
 
-from ops.local import LocalSettings, down, status, up
+from ops.local import LocalSettings, LocalStackError, down, reset, status, up
 from ops.local.process import port_in_use
 
 pytestmark = pytest.mark.integration
@@ -150,3 +151,34 @@ def test_up_is_idempotent_status_sees_a_crash_and_down_cleans_up(
     lines.clear()
     down(settings, out=lines.append)
     assert lines == ["cassandra is not running", "kafka is not running"]
+
+    # reset deletes what both servers wrote; the jars and Kafka's cluster id stay.
+    for name in ("cassandra", "kafka"):
+        assert any(settings.data_dir(name).rglob("*")), name
+    lines.clear()
+    reset(settings, out=lines.append)
+    assert lines[:2] == ["cassandra is not running", "kafka is not running"]
+    assert [line.split(" (")[0] for line in lines[2:]] == [
+        "deleted cassandra's data",
+        "deleted kafka's data",
+    ]
+    assert not settings.data_dir("cassandra").exists()
+    assert not settings.data_dir("kafka").exists()
+    assert (settings.home / "lib" / f"cassandra-{settings.cassandra_version}").is_dir()
+    assert (settings.home / "kafka" / "cluster.id").is_file()
+    lines.clear()
+    reset(settings, out=lines.append)
+    assert lines[2:] == ["cassandra has no data to delete", "kafka has no data to delete"]
+
+
+def test_reset_deletes_nothing_while_a_port_of_the_stack_is_held(settings: LocalSettings) -> None:
+    """A server this stack has no pid of may be writing into its home: reset refuses."""
+    data = settings.data_dir("kafka")
+    data.mkdir(parents=True)
+    (data / "meta.properties").write_text("kept\n")
+    with socket.socket() as held:
+        held.bind((settings.host, settings.kafka_port))
+        held.listen()
+        with pytest.raises(LocalStackError, match="port 19092 is still in use"):
+            reset(settings, out=lambda _line: None)
+    assert (data / "meta.properties").read_text() == "kept\n"
