@@ -148,6 +148,7 @@ def test_api_defaults_to_env(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (["local", "up"], "local_command", "up"),
         (["local", "down"], "local_command", "down"),
+        (["local", "reset"], "local_command", "reset"),
         (["local", "status"], "local_command", "status"),
         (["db", "migrate"], "db_command", "migrate"),
         (["db", "recount-usage", "--tenant", "acme"], "tenant", "acme"),
