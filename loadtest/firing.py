@@ -49,6 +49,7 @@ from bucketer.cassandra import CassandraTimerStore
 from bucketer.cql import connect
 from bucketer.model import Timer
 from loadtest import figures
+from loadtest.canary import DEFAULT_EVERY_S, read_samples, speed_between
 from loadtest.figures import pct
 from loadtest.netns import SimulatedHost
 from loadtest.profiling import ProfilerMissing, WindowProfiler, find_jcmd, find_pyspy
@@ -652,6 +653,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     # The harness's own session: Cassandra's counters at both ends of the window, the run rows
     # of slots no handler ran, and the keyspace's drop at the end.
     cql: Session | None = None
+    # The box's own speed through the run (loadtest.canary); not a measured process.
+    canary_at = logs / "canary.txt"
+    canary = subprocess.Popen(
+        [sys.executable, "-m", "loadtest.canary", "--out", str(canary_at)],
+        stdout=subprocess.DEVNULL,
+        cwd=REPO,
+    )
     try:
         start("api", "api", "--log-level", "WARNING")
         for i in range(args.dispatchers):
@@ -792,6 +800,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         herd_lost = [r for r in herd_lost if r not in skipped]
         window_skipped = {r: why for r, why in skipped.items() if r not in herd_skipped}
     finally:
+        canary.kill()
+        canary.wait()
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
         for proc in procs.values():
@@ -817,6 +827,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         cql.cluster.shutdown()
 
     cpu = {n: cpu1[n] - cpu0[n] for n in cpu1}
+    canary_samples = read_samples(canary_at)
+    speed = speed_between(canary_samples, lo.timestamp(), hi.timestamp())
+    speed_before = speed_between(canary_samples, 0.0, lo.timestamp())
     table_ops = per_firing_ops(ops0, ops1, fired) if ops0 is not None and ops1 is not None else None
     lost_host = failover(timeline, killed_at) if killed_at is not None else None
     per_firing = {n: 1000 * c / fired for n, c in cpu.items()} if fired else {}
@@ -911,6 +924,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         compactions_line(compacted, keyspace=config.keyspace)
         if compacted is not None
         else "- Cassandra's compactions: unread",
+        f"- the box's speed (`loadtest.canary`: a fixed pure-Python unit every "
+        f"{DEFAULT_EVERY_S:g} s, CPU µs a unit; higher is a slower box): median "
+        f"{speed.median_us:,.0f}, p90 {speed.p90_us:,.0f} over the window's {speed.samples} "
+        f"samples; median {speed_before.median_us:,.0f} before it (start-up, registration, "
+        "warm-up)",
         *profiled,
         "",
         *(
@@ -952,6 +970,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "skipped_by_policy": len(window_skipped),
         "ran_twice": len(doubled),
         "cassandra_ops_per_firing": table_ops,
+        "canary_us": {
+            "window": {"samples": speed.samples, "median": speed.median_us, "p90": speed.p90_us},
+            "before": {"samples": speed_before.samples, "median": speed_before.median_us},
+        },
+        "canary_by_s": [
+            {"t": round(at - lo.timestamp(), 2), "us": us} for at, us in canary_samples
+        ],
         "cassandra_compactions": (
             [{"table": c.table, "count": c.count, "bytes_in": c.bytes_in} for c in compacted]
             if compacted is not None
