@@ -14,7 +14,9 @@ run for ``--minutes`` after a warm-up minute, and measures:
 - firings in the window, from the dispatcher's ``cronscale_runs_enqueued_total``;
 - CPU seconds of every process (dispatchers, workers, api, Cassandra, Kafka) from /proc, and
   so CPU milliseconds per firing.
-- Cassandra's own count of its operations per firing, by table (loadtest.table_ops);
+- Cassandra's own count of its operations per firing, by table, and the node's compactions
+  that ended in the window (loadtest.table_ops);
+- the box's own speed beside the run: CPU time of a fixed workload (loadtest.canary);
 - with ``--profile``, py-spy and JFR profiles of the window (loadtest.profiling).
 
 Writes ``loadtest/reports/firing-<time>.md`` and a CSV of the lags. Load stays on
