@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.figures import pct
+
 REPEATS = 5
 DEFAULT_EVERY_S = 2.0
 
@@ -77,11 +79,10 @@ def read_samples(path: Path) -> list[tuple[float, float]]:
 
 def speed_between(samples: Iterable[tuple[float, float]], since: float, until: float) -> Speed:
     """The samples taken in [since, until) (unix times), summed up; NaN figures if none."""
-    costs = sorted(us for at, us in samples if since <= at < until)
+    costs = [us for at, us in samples if since <= at < until]
     if not costs:
         return Speed(0, float("nan"), float("nan"))
-    p90 = costs[min(len(costs) - 1, int(0.9 * len(costs)))]
-    return Speed(len(costs), statistics.median(costs), p90)
+    return Speed(len(costs), statistics.median(costs), pct(costs, 0.9))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

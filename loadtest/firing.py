@@ -39,11 +39,11 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cassandra.cluster import Session
 
@@ -86,6 +86,7 @@ from scheduler.slots import jitter_of, next_slot
 from scheduler.timers import FireTimer
 
 REPO = Path(__file__).resolve().parents[1]
+_T = TypeVar("_T")
 REPORTS = REPO / "loadtest" / "reports"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -224,22 +225,24 @@ def _service_pid(settings: LocalSettings, name: str) -> int | None:
         return None
 
 
+def _unless_unread(what: str, read: Callable[[], _T]) -> _T | None:
+    """``read()``, or None (said on stderr) if Cassandra cannot give ``what``: the report
+    matters more than the one line of it that needs it."""
+    try:
+        return read()
+    except Exception as e:
+        print(f"could not read Cassandra's {what}: {e}", file=sys.stderr)
+        return None
+
+
 def _ops(session: Session, keyspace: str) -> Counts | None:
     """Cassandra's operation counts (None, said on stderr, if it cannot give them)."""
-    try:
-        return table_counts(session, keyspace)
-    except Exception as e:  # the report matters more than this line of it
-        print(f"could not read Cassandra's operation counts: {e}", file=sys.stderr)
-        return None
+    return _unless_unread("operation counts", lambda: table_counts(session, keyspace))
 
 
 def _compactions(session: Session, since: datetime, until: datetime) -> list[Compactions] | None:
     """The node's compactions that ended in the window (None, said on stderr, if unread)."""
-    try:
-        return node_compactions(session, since, until)
-    except Exception as e:  # the report matters more than this line of it
-        print(f"could not read Cassandra's compaction history: {e}", file=sys.stderr)
-        return None
+    return _unless_unread("compaction history", lambda: node_compactions(session, since, until))
 
 
 def _scrape(address: str, metric: str) -> float:

@@ -19,7 +19,7 @@ from ops.local.maven import ResolveResult, lib_complete, resolve
 from ops.local.prereqs import check_java, check_maven
 from ops.local.process import PidRecord, StopOutcome
 from ops.local.service import LocalService
-from ops.local.settings import LocalSettings
+from ops.local.settings import LocalSettings, PortSpec
 
 logger = logging.getLogger(__name__)
 
@@ -131,13 +131,23 @@ def check_ports(settings: LocalSettings, names: tuple[str, ...] | None = None) -
     """
     problems = [
         f"port {spec.port} is already in use by another process; set {spec.env} or stop it"
+        for _service, spec in _held_ports(settings, names)
+    ]
+    if problems:
+        raise LocalStackError("\n".join(problems))
+
+
+def _held_ports(
+    settings: LocalSettings, names: tuple[str, ...] | None = None
+) -> list[tuple[LocalService, PortSpec]]:
+    """The ports of the named services (default: all) that something listens on."""
+    return [
+        (service, spec)
         for service in _services(settings)
         if names is None or service.name in names
         for spec in service.ports()
         if process.port_in_use(settings.host, spec.port)
     ]
-    if problems:
-        raise LocalStackError("\n".join(problems))
 
 
 def up(settings: LocalSettings, out: Output = print) -> UpResult:
@@ -343,19 +353,16 @@ def reset(settings: LocalSettings, out: Output = print) -> tuple[ServiceStop, ..
     """
     stops = down(settings, out)
     with _stack_lock(settings):
-        services = _services(settings)
-        for service in services:
-            # A server this stack has no pid of (started by hand on this home?) may still be
-            # writing there: its data is not deleted from under it.
-            held = [
-                spec for spec in service.ports() if process.port_in_use(settings.host, spec.port)
-            ]
-            if held:
-                raise LocalStackError(
-                    f"{service.name}'s port {held[0].port} is still in use after stopping what "
-                    "this stack started; stop whatever holds it, then reset again"
-                )
-        for service in services:
+        # A server this stack has no pid of (started by hand on this home?) may still be
+        # writing there: its data is not deleted from under it.
+        held = _held_ports(settings)
+        if held:
+            service, spec = held[0]
+            raise LocalStackError(
+                f"{service.name}'s port {spec.port} is still in use after stopping what "
+                "this stack started; stop whatever holds it, then reset again"
+            )
+        for service in _services(settings):
             data = settings.data_dir(service.name)
             if not data.exists():
                 out(f"{service.name} has no data to delete")
