@@ -425,6 +425,20 @@ def _forward_to(host: str, port: int) -> Callable[[StreamReader, StreamWriter], 
     return handle
 
 
+async def _probes_until(queue: KafkaRunQueue, *, answered: bool, attempts: int) -> bool:
+    """Probes every 0.5 s, ``attempts`` times or, with ``answered``, until one answers;
+    whether one did."""
+    for _ in range(attempts):
+        try:
+            await queue.probe()
+            if answered:
+                return True
+        except KafkaError:
+            pass
+        await asyncio.sleep(0.5)
+    return False
+
+
 async def test_a_producer_that_could_not_start_is_started_by_the_probe_once_kafka_answers(
     config: Config,
 ) -> None:
@@ -444,15 +458,7 @@ async def test_a_producer_that_could_not_start_is_started_by_the_probe_once_kafk
     host, kafka_port = config.kafka_bootstrap.split(",")[0].rsplit(":", 1)
     bootstrap = await asyncio.start_server(_forward_to(host, int(kafka_port)), "127.0.0.1", port)
     try:
-        deadline = asyncio.get_running_loop().time() + 20
-        while True:
-            try:
-                await queue.probe()
-                break
-            except KafkaError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        assert await _probes_until(queue, answered=True, attempts=40), "no answer in 20 s"
         await queue.enqueue(topic, _messages("back", 1))
     finally:
         await queue.stop()
@@ -477,29 +483,18 @@ async def test_an_outage_is_logged_when_it_begins_and_when_it_ends(
     queue = KafkaRunQueue(f"127.0.0.1:{port}", start_deadline=1.0)
     await queue.start()
     loop = asyncio.get_running_loop()
-
-    async def probe_until(ok: bool, attempts: int) -> None:
-        for _ in range(attempts):
-            try:
-                await queue.probe()
-                if ok:
-                    return
-            except KafkaError:
-                pass
-            await asyncio.sleep(0.5)
-        if ok:
-            raise AssertionError("the probe never brought the producer back")
-
     caplog.set_level(logging.DEBUG, logger="scheduler.kafka")
     try:
         bootstrap.close()
         await bootstrap.wait_closed()
         queue._stale = True  # a batch failed, as in the tests above
         started = loop.time()
-        await probe_until(ok=False, attempts=8)
+        await _probes_until(queue, answered=False, attempts=8)
         assert loop.time() - started > 3
         bootstrap = await asyncio.start_server(forward, "127.0.0.1", port)
-        await probe_until(ok=True, attempts=40)
+        assert await _probes_until(queue, answered=True, attempts=40), (
+            "the probe never brought the producer back"
+        )
         await queue.enqueue(topic, _messages("after-outage", 1))
     finally:
         await queue.stop()
