@@ -39,6 +39,8 @@ def use_fast_event_loop() -> str:
 
     uvloop makes the per-run bookkeeping of the event loop (tasks, callbacks, timers, sockets)
     several times cheaper; the api, dispatcher and worker spend a large share of their CPU there.
+    With it, aiokafka's connections are made to treat a write to a reset connection as the
+    broken connection it is (:func:`worker.kafka_uvloop.tolerate_reset_connections`).
     Returns the loop in use, for the start-up log.
     """
     choice = os.environ.get(ENV_EVENT_LOOP, "uvloop").strip().lower() or "uvloop"
@@ -51,6 +53,12 @@ def use_fast_event_loop() -> str:
     except ImportError:
         return "asyncio"
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    # On uvloop a request written to a connection the broker just reset raises RuntimeError,
+    # which aiokafka does not expect: it ended the client's metadata task for good and wedged a
+    # worker after a Kafka restart (worker/kafka_uvloop.py).
+    from worker.kafka_uvloop import tolerate_reset_connections
+
+    tolerate_reset_connections()
     return choice
 
 
