@@ -726,6 +726,7 @@ def run_chaos(options: ChaosOptions) -> Report:
             letters=letters,
             max_attempts=HOPELESS_ATTEMPTS,
             final_runs=final_runs,
+            workers={n: fleet.procs[n].pid for n in fleet.role("worker") if n in fleet.procs},
         )
         report.notes += injector.notes
         report.notes.append(

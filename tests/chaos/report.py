@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -157,6 +157,11 @@ class Report:
     # fired again" (a new enqueue time: the dispatcher side), the former split by whether the
     # same worker process ran it again.
     duplicates_by_cause: dict[str, int] = field(default_factory=dict)
+    # Workers running at the end that executed nothing in the last ``silent_s`` before the last
+    # execution, as "name (pid N)": a worker wedged for good while its peers took its partitions
+    # (seen once: after a Kafka restart, 2026-12-07). Must be empty.
+    silent_workers: list[str] = field(default_factory=list)
+    silent_s: float = 0.0
 
     @property
     def expected(self) -> int:
@@ -207,6 +212,8 @@ class Report:
             f"(+{self.fault_grace_s:.0f} s): " + _lag_line(self.lag_quiet),
             "- fire lag over every execution in the window: " + _lag_line(self.lag_all),
             f"- DLQ: {self.dlq.render()}",
+            f"- **silent workers** (running at the end, no execution in the last "
+            f"{self.silent_s:.0f} s of the run): **{', '.join(self.silent_workers) or 'none'}**",
             f"- malformed execution-log lines: {self.malformed_lines}",
             "",
             "| handler | expected | executed | unexecuted |",
@@ -396,6 +403,30 @@ def _cause(again: Execution, earlier: list[Execution]) -> str:
     return f"same message again ({where})"
 
 
+def silent_workers(
+    executions: Iterable[Execution], workers: Mapping[str, int], silent_s: float
+) -> list[str]:
+    """The workers (name to pid) with no execution in the last ``silent_s`` before the last
+    execution of all, as "name (pid N, last execution ...)"."""
+    last_by_pid: dict[int, float] = {}
+    for e in executions:
+        last_by_pid[e.pid] = max(e.start, last_by_pid.get(e.pid, e.start))
+    if not last_by_pid:
+        return []
+    end = max(last_by_pid.values())
+    silent = []
+    for name, pid in sorted(workers.items()):
+        last = last_by_pid.get(pid)
+        if last is None or last < end - silent_s:
+            seen = (
+                "never executed"
+                if last is None
+                else f"last execution {end - last:.0f} s before the run's last"
+            )
+            silent.append(f"{name} (pid {pid}, {seen})")
+    return silent
+
+
 def in_fault(t: float, faults: Iterable[FaultWindow], grace_s: float) -> bool:
     """Whether a slot at ``t`` falls inside a fault window or the ``grace_s`` after it."""
     return any(f.start <= t <= f.end + grace_s for f in faults)
@@ -417,11 +448,15 @@ def build_report(
     letters: list[LetterView] | None = None,
     max_attempts: int = 3,
     final_runs: Iterable[RunView] = (),
+    workers: Mapping[str, int] | None = None,
+    silent_s: float = 30.0,
 ) -> Report:
     """Judges one chaos run. ``runs`` is what ListRuns returned for every schedule;
     a run is stuck when its slot is before ``stuck_before`` and it is ENQUEUED or RUNNING, or
     waits for a retry that was due before then. ``final_runs`` (the hopeless schedules' runs
-    read last) explain any dead letter missing."""
+    read last) explain any dead letter missing. ``workers`` names the worker processes running
+    at the end, by pid: one that executed nothing in the last ``silent_s`` before the last
+    execution of all is reported silent."""
     by_slot: dict[tuple[str, datetime], list[Execution]] = defaultdict(list)
     for e in executions:
         by_slot[(e.schedule_id, e.scheduled_for)].append(e)
@@ -496,6 +531,8 @@ def build_report(
         if e.run_id in stuck_ids:
             stuck_executions[e.run_id].append(e)
     return Report(
+        silent_workers=silent_workers(executions, workers or {}, silent_s),
+        silent_s=silent_s,
         window_start=window_start,
         window_end=window_end,
         schedules=len(schedules),

@@ -47,5 +47,6 @@ def test_nothing_lost_or_stuck_under_faults(
     assert not report.lost, f"{len(report.lost)} slots lost:\n{report.render()}"
     assert not report.stuck, f"{len(report.stuck)} runs stuck:\n{report.render()}"
     assert report.dlq.ok, f"DLQ: {report.dlq.render()}"
+    assert not report.silent_workers, f"workers silent at the end:\n{report.render()}"
     # Reported, not asserted (issue 7 asks for < 0.5 % once the worker stops re-running).
     print(f"duplicate rate {100 * report.duplicate_rate:.2f}%")

@@ -15,6 +15,7 @@ from tests.chaos.report import (
     build_report,
     dlq_accounting,
     expected_slots,
+    silent_workers,
 )
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -201,3 +202,38 @@ def test_duplicates_are_told_apart_by_their_message() -> None:
         "unknown": 1,
     }
     assert "same message again (another worker) 1" in report.render()
+
+
+def test_a_worker_that_stopped_executing_while_its_peers_went_on_is_silent() -> None:
+    """The wedge of 2026-12-07: one worker executed nothing after a Kafka restart while the
+    others took its partitions; a worker restarted late but executing again is not silent."""
+    executions = [
+        *(_exec("a", T0 + timedelta(seconds=s), 0.1, pid=10) for s in range(0, 40)),
+        *(_exec("b", T0 + timedelta(seconds=s), 0.1, pid=20) for s in range(0, 100)),
+        *(_exec("c", T0 + timedelta(seconds=s), 0.1, pid=30) for s in range(80, 100)),
+    ]
+    workers = {"worker1": 10, "worker2": 20, "worker3": 30, "worker4": 40}
+    assert silent_workers(executions, workers, silent_s=30) == [
+        "worker1 (pid 10, last execution 60 s before the run's last)",
+        "worker4 (pid 40, never executed)",
+    ]
+    assert silent_workers(executions, {"worker2": 20, "worker3": 30}, silent_s=30) == []
+    assert silent_workers([], workers, silent_s=30) == []
+    report = build_report(
+        schedules=[],
+        executions=executions,
+        malformed_lines=0,
+        runs=[],
+        faults=[],
+        window_start=T0,
+        window_end=T0 + timedelta(seconds=100),
+        stuck_before=T0,
+        stuck_bound_s=30,
+        fault_grace_s=1.0,
+        duration_s=100,
+        workers={"worker1": 10, "worker2": 20},
+    )
+    assert report.silent_workers == ["worker1 (pid 10, last execution 60 s before the run's last)"]
+    assert "**silent workers** (running at the end, no execution in the last 30 s" in (
+        report.render()
+    )
