@@ -798,7 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = run_chaos(options)
     sys.stdout.write(report.render())
-    return 0 if not report.lost and not report.stuck and report.dlq.ok else 1
+    ok = not report.lost and not report.stuck and report.dlq.ok and not report.silent_workers
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
