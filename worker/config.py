@@ -116,6 +116,11 @@ class WorkerConfig:
     # offset and metadata, its end); past that, the runs of every message produced before
     # the takeover ask the API whether they ran already.
     offset_lookup_timeout: float = 10.0
+    # Seconds an offset commit may wait before the worker takes its Kafka consumer for wedged
+    # and replaces it (the runs in progress go on; the new consumer rejoins the group, under the
+    # same static member name if there is one). Kafka away that long replaces it too, and the
+    # new one waits for Kafka as at start-up. Longer than consumer.COMMIT_SLOW (5 s).
+    commit_stuck: float = 60.0
     # Threads for plain (sync) handlers, apart from asyncio's default pool.
     sync_threads: int = 16
     # Kafka static membership: a stable name for this worker slot (a StatefulSet pod name, a
@@ -151,6 +156,8 @@ class WorkerConfig:
             raise ConfigError(
                 f"offset lookup timeout must be positive, got {self.offset_lookup_timeout}"
             )
+        if self.commit_stuck <= 0:
+            raise ConfigError(f"commit stuck timeout must be positive, got {self.commit_stuck}")
         if self.new_group_lookback < 0:
             raise ConfigError(
                 f"new group lookback must not be negative, got {self.new_group_lookback}"
@@ -196,6 +203,7 @@ class WorkerConfig:
             shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
             revoke_grace=_num("CRONSCALE_WORKER_REVOKE_GRACE", 2.0, float),
             offset_lookup_timeout=_num("CRONSCALE_WORKER_OFFSET_LOOKUP_TIMEOUT", 10.0, float),
+            commit_stuck=_num("CRONSCALE_WORKER_COMMIT_STUCK", 60.0, float),
             new_group_lookback=_num("CRONSCALE_WORKER_NEW_GROUP_LOOKBACK", 600.0, float),
             sync_threads=int(_num("CRONSCALE_WORKER_SYNC_THREADS", 16, int)),
             group_instance_id=e.get("CRONSCALE_WORKER_GROUP_INSTANCE_ID", "").strip(),

@@ -45,6 +45,8 @@ MAX_AWAITING_ACK = 1000
 _POLL_MS = 200
 # A commit waiting longer than this marks Kafka down (cronscale_worker_kafka_up) and is logged.
 COMMIT_SLOW = 5.0
+# How long stopping a consumer taken for wedged may take before it is left behind.
+_DROP_WAIT = 5.0
 # Reading committed offsets and looking offsets up by time, on assignment.
 _LOOKUP_ATTEMPTS = 3
 # How many finished (partition, offset) pairs are remembered against a re-fetch.
@@ -53,6 +55,10 @@ RECENTLY_DONE = 100_000
 # same attempt (a batch sent again after a timeout, a refire).
 RECENT_RUNS = 100_000
 _START_BACKOFF_MAX = 10.0
+
+
+class ConsumerWedged(Exception):
+    """The consumer's offset commit has waited ``WorkerConfig.commit_stuck`` seconds."""
 
 
 class KafkaRunConsumer:
@@ -112,7 +118,22 @@ class KafkaRunConsumer:
             self._config.concurrency,
         )
         try:
-            await self._loop(consumer, stop)
+            while True:
+                try:
+                    await self._loop(consumer, stop)
+                    return
+                except ConsumerWedged as e:
+                    # aiokafka's consumer can wedge for good: a Kafka restart once ended its
+                    # metadata task, and with it the coordinator lookup, the heartbeats and
+                    # every commit (worker/kafka_uvloop.py). Kafka itself may be away, too: the
+                    # new consumer then waits for it as at start-up.
+                    logger.error("%s; replacing the Kafka consumer", e)
+                    metrics.CONSUMERS_REPLACED.labels(self._config.tier).inc()
+                    await self._drop(consumer)
+                    consumer = await self._start(stop)
+                    if consumer is None:
+                        return
+                    logger.info("the new Kafka consumer started; partitions come on assignment")
         finally:
             await self._shutdown(consumer)
 
@@ -137,7 +158,7 @@ class KafkaRunConsumer:
                 group_instance_id=self._config.group_instance_id or None,
                 **security,
             )
-            consumer.subscribe([self._config.topic], listener=_Rebalance(self))
+            consumer.subscribe([self._config.topic], listener=_Rebalance(self, consumer))
             self._admin, self._consumer = admin, consumer
             try:
                 await admin.start()
@@ -187,7 +208,9 @@ class KafkaRunConsumer:
                 for message in messages:
                     self._dispatch(tp, message)
             if loop.time() - self._last_commit >= COMMIT_INTERVAL:
-                await self._commit(consumer, self._tracker.committable())
+                await self._commit(
+                    consumer, self._tracker.committable(), stuck_after=self._config.commit_stuck
+                )
 
     def _dispatch(self, tp: TopicPartition, message: Any) -> None:
         key = (tp, message.offset)
@@ -330,8 +353,17 @@ class KafkaRunConsumer:
                 consumer.resume(*paused)
             self._paused = False
 
-    async def _commit(self, consumer: Any, commits: dict[TopicPartition, Commit]) -> None:
-        """Commits every partition's offset with its finished offsets above (one request)."""
+    async def _commit(
+        self,
+        consumer: Any,
+        commits: dict[TopicPartition, Commit],
+        *,
+        stuck_after: float | None = None,
+    ) -> None:
+        """Commits every partition's offset with its finished offsets above (one request).
+
+        With ``stuck_after``, a commit still waiting after that many seconds is given up and
+        :class:`ConsumerWedged` raised: the caller replaces the consumer."""
         self._last_commit = asyncio.get_running_loop().time()
         if not commits:
             return
@@ -342,15 +374,22 @@ class KafkaRunConsumer:
         sent = asyncio.ensure_future(
             consumer.commit({tp: (c.offset, c.metadata) for tp, c in commits.items()})
         )
+        slow = COMMIT_SLOW if stuck_after is None else min(COMMIT_SLOW, stuck_after)
         try:
-            done, _ = await asyncio.wait({sent}, timeout=COMMIT_SLOW)
+            done, _ = await asyncio.wait({sent}, timeout=slow)
             if not done:
-                self._health.down(KAFKA, f"an offset commit waits for over {COMMIT_SLOW:g} s")
+                self._health.down(KAFKA, f"an offset commit waits for over {slow:g} s")
                 logger.warning(
                     "Kafka has not taken an offset commit for %.0f s (is it down?); still "
                     "trying, the runs in progress go on meanwhile",
-                    COMMIT_SLOW,
+                    slow,
                 )
+                rest = None if stuck_after is None else stuck_after - slow
+                if not (await asyncio.wait({sent}, timeout=rest))[0]:
+                    sent.cancel()
+                    raise ConsumerWedged(
+                        f"Kafka has not taken an offset commit for {loop.time() - t0:.0f} s"
+                    )
             await sent
             if not done:
                 logger.warning("Kafka took the offset commit after %.1f s", loop.time() - t0)
@@ -363,6 +402,36 @@ class KafkaRunConsumer:
         self._health.up(KAFKA)
         self._tracker.mark_committed(commits)
         logger.debug("committed %s", _fmt(commits))
+
+    async def _drop(self, consumer: Any) -> None:
+        """Lets go of a consumer taken for wedged, keeping the runs in progress.
+
+        Its partitions are no longer tracked (what still runs is left to whoever is assigned the
+        partition next, this worker's new consumer usually: a message fetched again while its
+        run goes on here is not started twice, and one finished here since is completed without
+        running again). Stopping it is bounded: one whose group coordination is stuck never
+        finishes stopping, and is left behind, paused."""
+        self._consumer = None  # its rebalance callbacks no longer act on this worker's state
+        dropped = set(self._tracker.partitions())
+        self._tracker.revoke(dropped)
+        self._holding.clear()
+        for tp in dropped:
+            self._redelivered_below.pop(tp, None)
+        self._end_unknown.clear()
+        with contextlib.suppress(Exception):
+            self._pause(consumer)  # a consumer left behind fetches nothing more
+        self._paused = False  # the new consumer starts unpaused
+        for name, closing in (("consumer", consumer.stop), ("admin client", self._admin.close)):
+            try:
+                await asyncio.wait_for(closing(), _DROP_WAIT)
+            except Exception as e:  # whatever it is, the new consumer goes ahead
+                logger.warning(
+                    "the wedged Kafka %s did not close within %.0f s (%s); left behind",
+                    name,
+                    _DROP_WAIT,
+                    e or type(e).__name__,
+                )
+        self._admin = None
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         self._holding -= revoked
@@ -523,10 +592,13 @@ class KafkaRunConsumer:
                 else f"its end (no message in the last {lookback:g} s)",
             )
 
-    async def _shutdown(self, consumer: Any) -> None:
-        """Stops fetching, gives running handlers the grace period, commits, leaves the group."""
+    async def _shutdown(self, consumer: Any | None) -> None:
+        """Stops fetching, gives running handlers the grace period, commits, leaves the group.
+        ``consumer`` is None when the worker was stopped while replacing a wedged one: the
+        handlers still get their grace, and there is nothing to commit to."""
         self._stopping = True
-        self._pause(consumer)
+        if consumer is not None:
+            self._pause(consumer)
         grace = self._config.shutdown_grace
         if self._tasks:
             logger.info(
@@ -543,7 +615,19 @@ class KafkaRunConsumer:
                 for task in still:
                     task.cancel()
                 await asyncio.gather(*still, return_exceptions=True)
-        await self._commit(consumer, self._tracker.committable())
+        if consumer is None:
+            logger.info("consumer stopped (none was running)")
+            return
+        try:
+            await self._commit(
+                consumer, self._tracker.committable(), stuck_after=self._config.commit_stuck
+            )
+        except ConsumerWedged as e:
+            # Their messages are delivered again; the runs that finished ask the API first.
+            logger.error("%s; stopping without it", e)
+            await self._drop(consumer)
+            logger.info("consumer stopped")
+            return
         await consumer.stop()
         await self._admin.close()
         self._consumer = self._admin = None
@@ -551,14 +635,20 @@ class KafkaRunConsumer:
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, owner: KafkaRunConsumer) -> None:
+    """Hands ``consumer``'s rebalances to its owner while it is the owner's consumer: one
+    dropped as wedged and left behind must not revoke what its successor tracks."""
+
+    def __init__(self, owner: KafkaRunConsumer, consumer: Any) -> None:
         self._owner = owner
+        self._consumer = consumer
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._owner._on_revoked(set(revoked))
+        if self._owner._consumer is self._consumer:
+            await self._owner._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._owner._on_assigned(set(assigned))
+        if self._owner._consumer is self._consumer:
+            await self._owner._on_assigned(set(assigned))
 
 
 def _fmt_tps(tps: set[TopicPartition]) -> str:

@@ -63,6 +63,12 @@ COMMIT_FAILURES = Counter(
     "Offset commits Kafka did not take (retried with the next commit).",
     ["tier"],
 )
+CONSUMERS_REPLACED = Counter(
+    "cronscale_worker_consumers_replaced_total",
+    "Kafka consumers replaced because an offset commit waited past "
+    "CRONSCALE_WORKER_COMMIT_STUCK (a wedged client, or Kafka away that long).",
+    ["tier"],
+)
 RUNS_HANDED_OVER = Counter(
     "cronscale_worker_runs_handed_over_total",
     "Runs still in progress when their partition was revoked, finished here and committed "

@@ -33,10 +33,12 @@ from cronscale.v1 import run_reporting_service_pb2_grpc as pb_grpc
 from tests.services import health_status
 from worker.builtin import register_builtins
 from worker.config import WorkerConfig
+from worker.consumer import KafkaRunConsumer
 from worker.handlers import HandlerContext, HandlerRegistry
 from worker.main import run_worker
 from worker.offsets import decode_finished
-from worker.runner import CANCEL_GRACE
+from worker.reporter import RunReporter
+from worker.runner import CANCEL_GRACE, Runner
 
 pytestmark = pytest.mark.integration
 
@@ -874,3 +876,58 @@ async def test_a_static_member_restarted_after_sigkill_resumes_at_once(
         await server.stop(None)
     for run_id in first:
         assert recorder.kinds(run_id).count("SUCCEEDED") == 1, run_id
+
+
+@pytest.mark.timeout(120)
+async def test_a_consumer_whose_commit_never_returns_is_replaced_and_nothing_runs_twice(
+    config: WorkerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wedge of a Kafka restart (2026-12-07): aiokafka's commit waited forever and the
+    worker executed nothing more. A commit still waiting after ``commit_stuck`` has the worker
+    drop its consumer and start another, which rejoins the group under the same static member
+    name; what the old one ran and could not commit is not run again."""
+    config = dataclasses.replace(config, commit_stuck=2.0, group_instance_id="it-wedged")
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    registry = HandlerRegistry()
+    register_builtins(registry)
+    reporter = RunReporter(config.api_target)
+    await reporter.start()
+    runner = Runner(registry=registry, reporter=reporter, worker_id=config.instance_id)
+    worker = KafkaRunConsumer(config, runner)
+    replaced_before = _gauge("cronscale_worker_consumers_replaced_total", config.tier) or 0.0
+
+    def batch(prefix: str) -> list[tuple[str, bytes]]:
+        return [(f"{prefix}-{i}", _message(f"{prefix}-{i}", "echo", {"i": i})) for i in range(10)]
+
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await _produce(config.topic, batch("a"))
+        await _until(lambda: _committed_equals_end(config), 60, "the first batch committed")
+        wedged = worker._consumer
+        assert wedged is not None
+
+        async def never(*_args: object, **_kwargs: object) -> None:
+            await asyncio.Event().wait()  # as the wedged client's commit did
+
+        wedged.commit = never
+        await _produce(config.topic, batch("b"))
+        await _until(lambda: worker._consumer is not wedged, 30, "the consumer replaced")
+        await _produce(config.topic, batch("c"))
+        await _until(lambda: _committed_equals_end(config), 60, "every batch committed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await reporter.close()
+        await server.stop(None)
+
+    for prefix in "abc":
+        for i in range(10):
+            run_id = f"{prefix}-{i}"
+            assert recorder.kinds(run_id) == ["STARTED", "SUCCEEDED"], run_id
+    assert "Kafka has not taken an offset commit for 2 s; replacing the Kafka consumer" in (
+        caplog.text
+    )
+    replaced = _gauge("cronscale_worker_consumers_replaced_total", config.tier)
+    assert replaced == replaced_before + 1

@@ -23,6 +23,7 @@ def test_defaults() -> None:
     assert config.instance_id  # host-pid
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (2, 600, 16)
     assert config.group_instance_id == ""
+    assert config.commit_stuck == 60
 
 
 def test_environment_overrides() -> None:
@@ -40,6 +41,7 @@ def test_environment_overrides() -> None:
             "CRONSCALE_WORKER_NEW_GROUP_LOOKBACK": "0",
             "CRONSCALE_WORKER_SYNC_THREADS": "4",
             "CRONSCALE_WORKER_GROUP_INSTANCE_ID": " worker-3 ",
+            "CRONSCALE_WORKER_COMMIT_STUCK": "90",
         }
     )
     assert config.topic == "t1.runs.premium"
@@ -49,6 +51,7 @@ def test_environment_overrides() -> None:
     assert (config.instance_id, config.metrics_port) == ("w-7", 9400)
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (0.5, 0, 4)
     assert config.group_instance_id == "worker-3"
+    assert config.commit_stuck == 90
 
 
 @pytest.mark.parametrize(
@@ -60,6 +63,8 @@ def test_environment_overrides() -> None:
         ({"CRONSCALE_WORKER_REVOKE_GRACE": "-1"}, "revoke grace must not be negative"),
         ({"CRONSCALE_WORKER_NEW_GROUP_LOOKBACK": "-5"}, "lookback must not be negative"),
         ({"CRONSCALE_WORKER_SYNC_THREADS": "0"}, "sync threads must be at least 1"),
+        ({"CRONSCALE_WORKER_COMMIT_STUCK": "0"}, "commit stuck timeout must be positive"),
+        ({"CRONSCALE_WORKER_COMMIT_STUCK": "soon"}, "CRONSCALE_WORKER_COMMIT_STUCK must be a"),
     ],
 )
 def test_bad_values_are_named(env: dict[str, str], problem: str) -> None:

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from worker import consumer as consumer_module
 from worker.config import WorkerConfig
-from worker.consumer import KafkaRunConsumer
+from worker.consumer import ConsumerWedged, KafkaRunConsumer
 from worker.handlers import HandlerRegistry
 from worker.offsets import Commit
 from worker.runner import Runner
@@ -77,3 +77,22 @@ async def test_a_commit_kafka_does_not_take_marks_kafka_down_until_it_does(
     assert _kafka_up("commit-test") == 1
     assert "Kafka took the offset commit after" in caplog.text
     assert kafka.committed == [{tp: (5, "cs1:2")}]
+
+
+async def test_a_commit_waiting_past_the_stuck_bound_takes_the_consumer_for_wedged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(consumer_module, "COMMIT_SLOW", 0.05)
+    config = WorkerConfig(tier="stuck-test")
+    runner = Runner(registry=HandlerRegistry(), reporter=NoReports(), worker_id="w")  # type: ignore[arg-type]
+    consumer = KafkaRunConsumer(config, runner)
+    kafka = SlowCommits()
+    tp = TopicPartition("t", 0)
+    with pytest.raises(ConsumerWedged, match="Kafka has not taken an offset commit for 0 s"):
+        await asyncio.wait_for(
+            consumer._commit(kafka, {tp: Commit(offset=5, finished=())}, stuck_after=0.2), 5
+        )
+    assert _kafka_up("stuck-test") == 0
+    kafka.answer.set()  # the abandoned commit was cancelled: it takes nothing later
+    await asyncio.sleep(0.05)
+    assert kafka.committed == []
