@@ -40,6 +40,15 @@ def require_services(config: Config) -> None:
         pytest.fail(f"{' and '.join(missing)} not reachable; {START_HINT}", pytrace=False)
 
 
+def require_kafka(bootstrap: str) -> tuple[str, int]:
+    """The first broker of ``bootstrap`` as (host, port); fails (never skips) the test run when
+    it is not answering."""
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    if not _reachable(f"{host}:{port}"):
+        pytest.fail(f"Kafka is not reachable at {bootstrap}; {START_HINT}", pytrace=False)
+    return host, int(port)
+
+
 def test_config(**overrides: object) -> Config:
     """A configuration isolated from other tests: its own keyspace and topic prefix."""
     token = uuid.uuid4().hex[:10]

@@ -23,6 +23,7 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.protocol.metadata import MetadataRequest
 
+from tests.services import require_kafka
 from worker.kafka_uvloop import tolerate_reset_connections
 
 pytestmark = pytest.mark.integration
@@ -30,19 +31,6 @@ pytestmark = pytest.mark.integration
 BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP") or (
     f"127.0.0.1:{os.environ.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}"
 )
-
-
-def _broker() -> tuple[str, int]:
-    host, _, port = BOOTSTRAP.split(",")[0].rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), 3).close()
-    except OSError as e:
-        pytest.fail(
-            f"Kafka is not reachable at {BOOTSTRAP} ({e}); "
-            "start it with `cronscale local up` (or make dev)",
-            pytrace=False,
-        )
-    return host, int(port)
 
 
 def _on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
@@ -118,7 +106,7 @@ async def _request_in_reset_window(
 
 
 def test_a_request_on_a_reset_connection_fails_as_a_broken_connection() -> None:
-    host, port = _broker()
+    host, port = require_kafka(BOOTSTRAP)
     tolerate_reset_connections()
 
     async def test() -> None:

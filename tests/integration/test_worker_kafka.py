@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY
 from cronscale.v1 import run_message_pb2
 from cronscale.v1 import run_reporting_service_pb2 as pb
 from cronscale.v1 import run_reporting_service_pb2_grpc as pb_grpc
-from tests.services import health_status
+from tests.services import health_status, require_kafka
 from worker.builtin import register_builtins
 from worker.config import WorkerConfig
 from worker.consumer import KafkaRunConsumer
@@ -95,18 +95,6 @@ class Recorder(pb_grpc.RunReportingServiceServicer):
         return {e.run_id for e in self.events if e.kind in done}
 
 
-def _require_kafka() -> None:
-    host, _, port = BOOTSTRAP.split(",")[0].rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), 3).close()
-    except OSError as e:
-        pytest.fail(
-            f"Kafka is not reachable at {BOOTSTRAP} ({e}); "
-            "start it with `cronscale local up` (or make dev)",
-            pytrace=False,
-        )
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,7 +112,7 @@ async def _serve(recorder: Recorder, port: int) -> grpc.aio.Server:
 @pytest.fixture
 async def config() -> AsyncIterator[WorkerConfig]:
     """A worker configuration with a fresh 3-partition topic (deleted afterwards)."""
-    _require_kafka()
+    require_kafka(BOOTSTRAP)
     config = WorkerConfig(
         kafka_bootstrap=BOOTSTRAP,
         topic_prefix=f"test-worker-{uuid.uuid4().hex[:10]}",

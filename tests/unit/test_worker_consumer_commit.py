@@ -48,6 +48,12 @@ class _Said(logging.Handler):
             self.event.set()
 
 
+def _consumer(tier: str) -> KafkaRunConsumer:
+    """A consumer of ``tier`` whose runner reports nothing (no run is started here)."""
+    runner = Runner(registry=HandlerRegistry(), reporter=NoReports(), worker_id="w")  # type: ignore[arg-type]
+    return KafkaRunConsumer(WorkerConfig(tier=tier), runner)
+
+
 def _kafka_up(tier: str) -> float | None:
     return REGISTRY.get_sample_value("cronscale_worker_kafka_up", {"tier": tier})
 
@@ -56,9 +62,7 @@ async def test_a_commit_kafka_does_not_take_marks_kafka_down_until_it_does(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(consumer_module, "COMMIT_SLOW", 0.05)
-    config = WorkerConfig(tier="commit-test")
-    runner = Runner(registry=HandlerRegistry(), reporter=NoReports(), worker_id="w")  # type: ignore[arg-type]
-    consumer = KafkaRunConsumer(config, runner)
+    consumer = _consumer("commit-test")
     kafka = SlowCommits()
     tp = TopicPartition("t", 0)
     committing = asyncio.create_task(consumer._commit(kafka, {tp: Commit(offset=5, finished=(7,))}))
@@ -83,9 +87,7 @@ async def test_a_commit_waiting_past_the_stuck_bound_takes_the_consumer_for_wedg
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(consumer_module, "COMMIT_SLOW", 0.05)
-    config = WorkerConfig(tier="stuck-test")
-    runner = Runner(registry=HandlerRegistry(), reporter=NoReports(), worker_id="w")  # type: ignore[arg-type]
-    consumer = KafkaRunConsumer(config, runner)
+    consumer = _consumer("stuck-test")
     kafka = SlowCommits()
     tp = TopicPartition("t", 0)
     with pytest.raises(ConsumerWedged, match="Kafka has not taken an offset commit for 0 s"):
