@@ -867,14 +867,16 @@ async def test_a_static_member_restarted_after_sigkill_resumes_at_once(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("member", ["it-wedged", ""], ids=["static member", "dynamic member"])
 async def test_a_consumer_whose_commit_never_returns_is_replaced_and_nothing_runs_twice(
-    config: WorkerConfig, caplog: pytest.LogCaptureFixture
+    config: WorkerConfig, caplog: pytest.LogCaptureFixture, member: str
 ) -> None:
     """The wedge of a Kafka restart (2026-12-07): aiokafka's commit waited forever and the
     worker executed nothing more. A commit still waiting after ``commit_stuck`` has the worker
-    drop its consumer and start another, which rejoins the group under the same static member
-    name; what the old one ran and could not commit is not run again."""
-    config = dataclasses.replace(config, commit_stuck=2.0, group_instance_id="it-wedged")
+    drop its consumer and start another, which rejoins the group (under the same static member
+    name, or as a new member once the old one has left); what the old one ran and could not
+    commit is not run again."""
+    config = dataclasses.replace(config, commit_stuck=2.0, group_instance_id=member)
     recorder = Recorder()
     server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
     registry = HandlerRegistry()
