@@ -47,10 +47,11 @@ def tolerate_reset_connections() -> None:
 def _guarded(write: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(write)
     def guarded(self: AIOKafkaConnection, *args: Any, **kwargs: Any) -> Any:
-        transport = _transport(self)
         try:
             return write(self, *args, **kwargs)
         except RuntimeError as e:
+            # Looked at only here: a request that goes through costs one call more, no more.
+            transport = _transport(self)
             if transport is None or not transport.is_closing():
                 raise  # not the closed-transport write this guards against
             self.close(reason=CloseReason.CONNECTION_BROKEN, exc=e)
