@@ -648,7 +648,10 @@ class CassandraRunStore:
                 )
             else:
                 ts = run_cell_time(e.scheduled_for, e.attempt, _OUTCOME_RANK)
-                error = e.error[:MAX_ERROR_CHARS] or None
+                # No error: a first attempt has no earlier error to clear, so nothing is
+                # written (a null would be a tombstone in every successful run's row); a later
+                # attempt clears its predecessor's.
+                error = e.error[:MAX_ERROR_CHARS] or (None if e.attempt > 1 else UNSET_VALUE)
                 if e.start_time is not None:
                     items.append(
                         Write(

@@ -500,7 +500,9 @@ class Run:
             start_time=aware(row.start_time),
             finish_time=aware(row.finish_time),
             worker_id=row.worker_id or "",
-            error=row.error or "",
+            # A duplicate delivery's FAILED and SUCCEEDED of one attempt share their cells'
+            # timestamp: SUCCEEDED wins the status, and its run shows no error.
+            error=(row.error or "") if row.status != RunStatus.SUCCEEDED.value else "",
             skip_reason=row.skip_reason or "",
             origin_run_id=getattr(row, "origin_run_id", None) or "",
             backfill_id=getattr(row, "backfill_id", None) or "",

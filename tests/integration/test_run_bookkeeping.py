@@ -24,6 +24,7 @@ from scheduler.model import (
     Schedule,
     ScheduleSpec,
     SpecKind,
+    day_of,
     new_generation,
     run_id_for,
 )
@@ -197,6 +198,78 @@ async def test_firing_and_reporting_leave_no_tombstones_on_the_schedule_row(
             now=at,
         )
     assert _tombstones_read(session, schedules, s.schedule_id) == before
+
+
+def _run_tombstones(session: Session, runs: CassandraRunStore, s: Schedule, day: int) -> int:
+    """The tombstone cells a read of one day of the schedule's runs went through."""
+    result = session.execute(runs.q["list_runs_day"], (s.schedule_id, day, 1000), trace=True)
+    trace = result.get_query_trace(max_wait_sec=10)
+    found = [
+        re.search(r"Read \d+ live rows and (\d+) tombstone cells", e.description)
+        for e in trace.events
+    ]
+    counts = [int(m[1]) for m in found if m]
+    assert counts, "the trace should say how many tombstone cells the read met"
+    return sum(counts)
+
+
+async def test_first_attempts_that_succeed_leave_no_tombstones_in_their_run_rows(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore], session: Session
+) -> None:
+    """An outcome without an error wrote the error cell as null: a tombstone in every
+    successful run's row, flushed and compacted with it and met by every history read. A
+    first attempt has no earlier error to clear."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "run-row-tombstones")
+    fired = []
+    for i in range(20):
+        at = T0 + timedelta(seconds=i)
+        run = _enqueued(s, at)
+        fired.append(run)
+        await _fire(schedules, runs, run, at)
+        if i % 2:  # STARTED and the outcome reported apart, or merged into one event
+            await runs.record_events([_event(run, RunStatus.RUNNING, at)], now=at)
+            await runs.record_events([_event(run, RunStatus.SUCCEEDED, at)], now=at)
+        else:
+            await runs.record_events([_event(run, RunStatus.SUCCEEDED, at, start_time=at)], now=at)
+    assert {(await runs.get(r.run_id)).status for r in fired} == {RunStatus.SUCCEEDED}
+    assert _run_tombstones(session, runs, s, day_of(T0)) == 0
+
+
+async def test_a_retry_that_succeeds_clears_its_earlier_attempts_error(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    schedules, runs = stores
+    s = await _schedule(schedules, "retry-clears-error")
+    first = _enqueued(s, T0)
+    await _fire(schedules, runs, first, T0)
+    await runs.record_events(
+        [_event(first, RunStatus.FAILED, T0 + timedelta(seconds=1), error="boom")], now=T0
+    )
+    assert (await runs.get(first.run_id)).error == "boom"
+    retry = _enqueued(s, T0, attempt=2)
+    await runs.write(runs.insert_rows([retry]))
+    done = T0 + timedelta(seconds=5)
+    await runs.record_events([_event(retry, RunStatus.SUCCEEDED, done, start_time=done)], now=T0)
+    stored = await runs.get(first.run_id)
+    assert (stored.status, stored.attempt, stored.error) == (RunStatus.SUCCEEDED, 2, "")
+
+
+async def test_an_attempt_reported_failed_and_succeeded_shows_success_without_an_error(
+    stores: tuple[CassandraScheduleStore, CassandraRunStore],
+) -> None:
+    """Two deliveries of one attempt (a redelivered message) reported FAILED and SUCCEEDED:
+    their cells share a timestamp, SUCCEEDED wins the status, and the failure's error is not
+    shown on it."""
+    schedules, runs = stores
+    s = await _schedule(schedules, "dup-outcomes")
+    run = _enqueued(s, T0)
+    await _fire(schedules, runs, run, T0)
+    at = T0 + timedelta(seconds=1)
+    await runs.record_events([_event(run, RunStatus.SUCCEEDED, at, start_time=at)], now=T0)
+    await runs.record_events([_event(run, RunStatus.FAILED, at, error="boom")], now=T0)
+    stored = await runs.get(run.run_id)
+    assert (stored.status, stored.error) == (RunStatus.SUCCEEDED, "")
 
 
 async def test_a_retry_is_not_taken_for_delivered_because_its_earlier_attempt_was(
