@@ -327,8 +327,15 @@ def first_timer_id(schedule_id: str, generation: int) -> str:
 
 def fire_timer_place(schedule_id: str, fire_at: datetime, shard_count: int) -> Timer:
     """Where a schedule's fire timer due ``fire_at`` (not put off by a quota) is stored: its id
-    is the schedule's (``FireTimer.to_timer``). For a note left on it before it is due."""
-    return _timer(FIRE, schedule_id, schedule_id, fire_at, {}, shard_count)
+    is the schedule's (``FireTimer.to_timer``). For a note left on it before it is due: its
+    place alone, no data."""
+    return Timer(
+        fire_time=fire_at,
+        timer_id=schedule_id,
+        shard=shard_of(schedule_id, shard_count),
+        kind=FIRE,
+        key=schedule_id,
+    )
 
 
 # ``json.dumps`` with any argument builds a new encoder per call: one, built once.

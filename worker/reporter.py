@@ -171,7 +171,9 @@ class RunReporter:
         """Queues ``event`` now; the future resolves with the API's ack (as :meth:`report`).
 
         For events nobody waits on at once (a STARTED, a heartbeat): no task per event.
-        Cancelling the future does not withdraw the event: it is still sent.
+        Cancelling the future does not withdraw the event: it is still sent. The event is the
+        reporter's from then on: an outcome whose STARTED is still queued gets its start time
+        set and goes out in that STARTED's place.
         """
         if self._task is None or self._closing:
             raise RuntimeError("the reporter is not running")
@@ -179,11 +181,10 @@ class RunReporter:
         if event.kind in _OUTCOMES:
             start = self._unsent_starts.pop(_run_key(event), None)
             if start is not None:
-                # The outcome goes out in the STARTED's place, carrying its start time.
-                merged = pb.RunEvent()
-                merged.CopyFrom(event)
-                merged.start_time.CopyFrom(start.event.event_time)
-                start.event = merged
+                # The outcome goes out in the STARTED's place, carrying its start time (set on
+                # the outcome itself: the event is the reporter's once submitted).
+                event.start_time.CopyFrom(start.event.event_time)
+                start.event = event
                 mine: asyncio.Future[pb.RunEventAck] = loop.create_future()
                 start.merged.append(mine)
                 return mine
