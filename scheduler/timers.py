@@ -329,13 +329,7 @@ def fire_timer_place(schedule_id: str, fire_at: datetime, shard_count: int) -> T
     """Where a schedule's fire timer due ``fire_at`` (not put off by a quota) is stored: its id
     is the schedule's (``FireTimer.to_timer``). For a note left on it before it is due: its
     place alone, no data."""
-    return Timer(
-        fire_time=fire_at,
-        timer_id=schedule_id,
-        shard=shard_of(schedule_id, shard_count),
-        kind=FIRE,
-        key=schedule_id,
-    )
+    return _timer(FIRE, schedule_id, schedule_id, fire_at, None, shard_count)
 
 
 # ``json.dumps`` with any argument builds a new encoder per call: one, built once.
@@ -343,15 +337,21 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _timer(
-    kind: str, key: str, timer_id: str, fire_at: datetime, doc: dict[str, Any], shard_count: int
+    kind: str,
+    key: str,
+    timer_id: str,
+    fire_at: datetime,
+    doc: dict[str, Any] | None,
+    shard_count: int,
 ) -> Timer:
+    """A timer of ``kind`` for ``key``; ``doc`` None: a place only, no data."""
     return Timer(
         fire_time=fire_at,
         timer_id=timer_id,
         shard=shard_of(key, shard_count),
         kind=kind,
         key=key,
-        data=_encode(doc).encode(),
+        data=b"" if doc is None else _encode(doc).encode(),
     )
 
 

@@ -164,7 +164,12 @@ async def test_finished_runs_are_ordered_by_enqueue_not_by_report_arrival(
 
 def _tombstones_read(session: Session, schedules: CassandraScheduleStore, schedule_id: str) -> int:
     """The tombstone cells a read of the schedule row went through, as Cassandra traces it."""
-    result = session.execute(schedules.q["get_schedule"], (schedule_id,), trace=True)
+    return _tombstones_met(session, schedules.q["get_schedule"], (schedule_id,))
+
+
+def _tombstones_met(session: Session, statement: object, params: tuple[object, ...]) -> int:
+    """The tombstone cells a read went through, as Cassandra traces it."""
+    result = session.execute(statement, params, trace=True)
     trace = result.get_query_trace(max_wait_sec=10)
     found = [
         re.search(r"Read \d+ live rows and (\d+) tombstone cells", e.description)
@@ -202,15 +207,7 @@ async def test_firing_and_reporting_leave_no_tombstones_on_the_schedule_row(
 
 def _run_tombstones(session: Session, runs: CassandraRunStore, s: Schedule, day: int) -> int:
     """The tombstone cells a read of one day of the schedule's runs went through."""
-    result = session.execute(runs.q["list_runs_day"], (s.schedule_id, day, 1000), trace=True)
-    trace = result.get_query_trace(max_wait_sec=10)
-    found = [
-        re.search(r"Read \d+ live rows and (\d+) tombstone cells", e.description)
-        for e in trace.events
-    ]
-    counts = [int(m[1]) for m in found if m]
-    assert counts, "the trace should say how many tombstone cells the read met"
-    return sum(counts)
+    return _tombstones_met(session, runs.q["list_runs_day"], (s.schedule_id, day, 1000))
 
 
 async def test_first_attempts_that_succeed_leave_no_tombstones_in_their_run_rows(
