@@ -40,7 +40,14 @@ def require_services(config: Config) -> None:
         pytest.fail(f"{' and '.join(missing)} not reachable; {START_HINT}", pytrace=False)
 
 
-def require_kafka(bootstrap: str) -> tuple[str, int]:
+# The Kafka the worker's own tests reach directly (no Config): CRONSCALE_KAFKA_BOOTSTRAP, else
+# the local stack's broker.
+KAFKA_BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP") or (
+    f"127.0.0.1:{os.environ.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}"
+)
+
+
+def require_kafka(bootstrap: str = KAFKA_BOOTSTRAP) -> tuple[str, int]:
     """The first broker of ``bootstrap`` as (host, port); fails (never skips) the test run when
     it is not answering."""
     host, _, port = bootstrap.split(",")[0].rpartition(":")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -23,14 +22,11 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.protocol.metadata import MetadataRequest
 
+from tests.services import KAFKA_BOOTSTRAP as BOOTSTRAP
 from tests.services import require_kafka
 from worker.kafka_uvloop import tolerate_reset_connections
 
 pytestmark = pytest.mark.integration
-
-BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP") or (
-    f"127.0.0.1:{os.environ.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}"
-)
 
 
 def _on_uvloop(test: Callable[[], Awaitable[None]]) -> None:

@@ -30,6 +30,7 @@ from prometheus_client import REGISTRY
 from cronscale.v1 import run_message_pb2
 from cronscale.v1 import run_reporting_service_pb2 as pb
 from cronscale.v1 import run_reporting_service_pb2_grpc as pb_grpc
+from tests.services import KAFKA_BOOTSTRAP as BOOTSTRAP
 from tests.services import health_status, require_kafka
 from worker.builtin import register_builtins
 from worker.config import WorkerConfig
@@ -42,9 +43,6 @@ from worker.runner import CANCEL_GRACE, Runner
 
 pytestmark = pytest.mark.integration
 
-BOOTSTRAP = os.environ.get("CRONSCALE_KAFKA_BOOTSTRAP") or (
-    f"127.0.0.1:{os.environ.get('CRONSCALE_LOCAL_KAFKA_PORT') or 9092}"
-)
 PARTITIONS = 3
 REPO = Path(__file__).resolve().parents[2]
 
