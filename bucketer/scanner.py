@@ -43,7 +43,11 @@ from bucketer.pending import Line, PendingTimers
 
 logger = logging.getLogger(__name__)
 
-OnDue = Callable[[list[Timer]], Awaitable[None]]
+# Hands a batch over. It may return an awaitable: the batch is planned and its timers are
+# handed, but what it sends is still on its way (the dispatcher's fire-ahead holds messages
+# until their slots). The scanner's next round does not wait for it; the batch's timers hold
+# their buckets' checkpoints until it ends, and are handed again if it fails.
+OnDue = Callable[[list[Timer]], Awaitable[Awaitable[None] | None]]
 OnPoison = Callable[[Timer, BaseException], Awaitable[None]]
 Position = tuple[datetime, str]
 
@@ -125,6 +129,9 @@ class ShardProgress:
     # over but still inside the re-read window.
     pending: PendingTimers = field(default_factory=PendingTimers)
     handed: dict[int, set[Position]] = field(default_factory=dict)  # by bucket
+    # Handed in a batch still sending (``OnDue``): neither pending nor handed yet. A re-read
+    # passes over them, and no checkpoint passes them until their batch has ended.
+    in_flight: dict[Position, Timer] = field(default_factory=dict)
     # Each bucket's checkpoint when its handed timers were last pruned.
     pruned_at: dict[int, Position] = field(default_factory=dict)
     # Buckets with timers handed since their checkpoint was last written.
@@ -233,6 +240,10 @@ class WheelScanner:
         self._backlog = False
         self._is_transient = is_transient or _transient_by_default
         self._strikes: dict[Position, int] = {}
+        # Batches whose planning is done and whose sending goes on (``OnDue``), and the
+        # timers of such a batch that failed: handed again, their sending awaited in the round.
+        self._sending: set[asyncio.Task[None]] = set()
+        self._resend: set[Position] = set()
         # The kinds of timers handed fine in the current round.
         self._round_ok: set[str] = set()
         self.shards: dict[int, ShardProgress] = {}
@@ -284,6 +295,17 @@ class WheelScanner:
     async def run(self) -> None:
         """Reads, fires and checkpoints until cancelled; survives its own failures, backing
         off (up to 2 s) while they repeat, e.g. while Cassandra or Kafka is down."""
+        try:
+            await self._scan()
+        finally:
+            # Stopped: batches still holding their messages send nothing more. Their timers
+            # held their checkpoints, so the shards' next owners fire them.
+            for task in list(self._sending):
+                task.cancel()
+            if self._sending:
+                await asyncio.gather(*self._sending, return_exceptions=True)
+
+    async def _scan(self) -> None:
         next_read = 0.0
         backoff = 0.0
         while True:
@@ -360,7 +382,12 @@ class WheelScanner:
         until_hand = until_due - max(self._ahead.values()).total_seconds()
         if until_hand > 0:
             return until_hand
-        return 0.0 if self._last_round else self._coalesce
+        if not self._last_round:
+            return self._coalesce
+        # A round still holding its messages (its batches sending) did not wait for its last
+        # slot: the window gathers the next round's worth, as it does for timers handed on
+        # time, rather than rounds of the few timers that fell due during its planning.
+        return self.coalescing_window() if self._sending else 0.0
 
     def coalescing_window(self) -> float:
         """Seconds the next round waits at least after this one (see ``_sleep``)."""
@@ -477,7 +504,7 @@ class WheelScanner:
             held = p.pending.get(pos)
             if held is not None:
                 return held.data == data
-            return pos in p.handed.get(bucket, ()) or pos <= p.after(bucket)
+            return pos in p.handed.get(bucket, ()) or pos in p.in_flight or pos <= p.after(bucket)
 
         return known
 
@@ -499,7 +526,7 @@ class WheelScanner:
                 # a position is handed once.
                 if held.data != t.data:
                     pending.put(t, self._lane_of(t))
-            elif pos > floor and pos not in handed:
+            elif pos > floor and pos not in handed and pos not in p.in_flight:
                 pending.put(t, self._lane_of(t))
 
     def _lane_of(self, t: Timer) -> str:
@@ -666,10 +693,18 @@ class WheelScanner:
         batch = [t for t in batch if self._may_fire(t.shard)]
         if not batch:
             return 0
+        # A batch holding timers whose sending failed before is sent within the round: if it
+        # fails again, its halves are tried, and a timer that fails alone is found.
+        resend = bool(self._resend) and any(t.position in self._resend for t in batch)
         try:
             # A deadline: a send or write that never returns (a broker restarted under a
             # producer) must fail the batch, not hold the shard unfired while its lease renews.
-            await asyncio.wait_for(self._on_due(batch), self._batch_timeout)
+            sending = await asyncio.wait_for(self._on_due(batch), self._batch_timeout)
+            if sending is not None:
+                if not resend:
+                    self._send_on(batch, sending)
+                    return len(batch)
+                await asyncio.wait_for(sending, self._batch_timeout)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -689,8 +724,46 @@ class WheelScanner:
             if self._strikes:
                 for t in batch:
                     self._strikes.pop(t.position, None)
+        if resend:
+            self._resend.difference_update(t.position for t in batch)
         self._mark_handed(batch)
         return len(batch)
+
+    def _send_on(self, batch: list[Timer], sending: Awaitable[None]) -> None:
+        """``batch`` is planned and still sending: its timers leave the pending ones (the next
+        round does not take them) but hold their checkpoints until the sending ends."""
+        for t in batch:
+            p = self.shards.get(t.shard)
+            if p is not None and p.pending.pop(t.position) is not None:
+                p.in_flight[t.position] = t
+        task = asyncio.create_task(self._sent(batch, sending), name="timers-sending")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _sent(self, batch: list[Timer], sending: Awaitable[None]) -> None:
+        """Waits for a batch's sending: then its timers are handed; if it failed, pending
+        again, and handed again by the next round, which awaits their sending itself."""
+        try:
+            await asyncio.wait_for(sending, self._batch_timeout)
+        except (Exception, asyncio.CancelledError) as e:
+            task = asyncio.current_task()
+            if isinstance(e, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # stopped (``run``); a sending cancelled by its sender is a failure
+            logger.warning(
+                "sending a batch of %d due timers failed (%s: %s); handing them again "
+                "(its runs that went out are produced again, same run ids)",
+                len(batch),
+                type(e).__name__,
+                e,
+            )
+            for t in batch:
+                p = self.shards.get(t.shard)
+                if p is not None and p.in_flight.pop(t.position, None) is not None:
+                    p.pending.put(t, self._lane_of(t))
+                    self._resend.add(t.position)
+            self._wake.set()
+            return
+        self._mark_handed(batch)
 
     async def _poisoned(self, t: Timer, error: Exception) -> None:
         """A single timer failed: quarantine it if it is poison, else raise ``error``."""
@@ -721,12 +794,13 @@ class WheelScanner:
             p = self.shards.get(t.shard)
             if p is None:
                 continue
-            if p.pending.pop(t.position) is not None:
+            pos = t.position
+            if p.pending.pop(pos) is not None or p.in_flight.pop(pos, None) is not None:
                 bucket = t.bucket
                 handed = p.handed.get(bucket)
                 if handed is None:
                     handed = p.handed[bucket] = set()
-                handed.add(t.position)
+                handed.add(pos)
                 p.dirty.add(bucket)
 
     async def record_progress(self) -> None:
@@ -753,6 +827,11 @@ class WheelScanner:
                 first = p.pending.first_from(bucket_start(bucket))
                 if first is not None and first < bucket_end(bucket):
                     first_pending[bucket] = first
+        # Timers whose batch is still sending hold their buckets as pending ones do.
+        for t in p.in_flight.values():
+            held = first_pending.get(t.bucket)
+            if held is None or t.fire_time < held:
+                first_pending[t.bucket] = t.fire_time
         finished = p.done_through
         for bucket in range(p.done_through + 1, current + 1):
             target = horizon

@@ -538,7 +538,17 @@ class Firing:
         return isinstance(error, (*TRANSIENT_STORAGE_ERRORS, Unavailable, OSError, TimeoutError))
 
     async def on_due(self, due: Sequence[Timer]) -> None:
-        """Fires a batch; raises if anything failed, so the scanner retries the batch."""
+        """Fires a batch, its held messages included; raises if anything failed."""
+        sending = await self.start(due)
+        if sending is not None:
+            await sending
+
+    async def start(self, due: Sequence[Timer]) -> asyncio.Task[None] | None:
+        """Fires a batch (the scanner's ``OnDue``): plans it and starts its writes and
+        produces. With fire-ahead, returns the task that sends them, holding each message
+        until its slot, so the scanner plans its next round meanwhile; else returns once all
+        is out (None). Raises, or the task does, if anything failed: the scanner hands the
+        batch again (same run ids)."""
         started = time.perf_counter()
         metrics.FIRING_BATCH.observe(len(due))
         fires: list[FireTimer] = []
@@ -568,7 +578,7 @@ class Firing:
         await self._dead_letters.publish(letters)
         if not fires and not runs:
             await self._backfill_due(backfills)
-            return
+            return None
         runs, run_timers = await self._current_retries(runs, run_timers)
         schedules = await self._schedules_for(fires, fire_timers, runs)
         now = self._clock()
@@ -648,24 +658,35 @@ class Firing:
                 recheck.add(r.run_id)
         if recheck:
             await self._drop_delivered(plan, recheck)
-        await self._apply(plan, now)
-        done = self._clock()
-        # Counted by label, each label's child looked up once a batch rather than once a run.
-        tiers = Counter(plan.limits.get(s.tenant, UNLIMITED).tier for s, _ in plan.enqueue)
-        for tier, count in tiers.items():
-            metrics.RUNS_ENQUEUED.labels(tier=tier).inc(count)
-        for _s, run in plan.enqueue:
-            metrics.FIRE_LAG.observe(max(0.0, (done - run.scheduled_for).total_seconds()))
-        for reason, count in Counter(run.skip_reason for run in plan.skipped).items():
-            metrics.RUNS_SKIPPED.labels(reason=reason).inc(count)
-        logger.debug(
-            "fired %d runs, skipped %d in %.1f ms",
-            len(plan.enqueue),
-            len(plan.skipped),
-            (time.perf_counter() - started) * 1e3,
-        )
-        # Backfills last: live firings of the batch are out before any backfill run.
-        await self._backfill_due(backfills)
+        out = self._apply(plan, now)
+
+        async def send() -> None:
+            await out
+            done = self._clock()
+            # Counted by label, each label's child looked up once a batch, not once a run.
+            tiers = Counter(plan.limits.get(s.tenant, UNLIMITED).tier for s, _ in plan.enqueue)
+            for tier, count in tiers.items():
+                metrics.RUNS_ENQUEUED.labels(tier=tier).inc(count)
+            for _s, run in plan.enqueue:
+                metrics.FIRE_LAG.observe(max(0.0, (done - run.scheduled_for).total_seconds()))
+            for reason, count in Counter(run.skip_reason for run in plan.skipped).items():
+                metrics.RUNS_SKIPPED.labels(reason=reason).inc(count)
+            logger.debug(
+                "fired %d runs, skipped %d in %.1f ms",
+                len(plan.enqueue),
+                len(plan.skipped),
+                (time.perf_counter() - started) * 1e3,
+            )
+            # Backfills last: live firings of the batch are out before any backfill run.
+            await self._backfill_due(backfills)
+
+        if self._fire_ahead <= 0 or not plan.enqueue:
+            await send()
+            return None
+        sending = asyncio.create_task(send(), name="firing-send")
+        # Cancelled (the dispatcher stopping) even before it began to wait: nothing more goes.
+        sending.add_done_callback(lambda _task: out.cancel())
+        return sending
 
     def _lease_at(self, now: datetime) -> datetime:
         """When the lease of an attempt enqueued by a batch started ``now`` comes due: the same
@@ -869,8 +890,9 @@ class Firing:
         for s, _run in plan.enqueue:
             metrics.RUNS_ENQUEUED.labels(tier=plan.limits.get(s.tenant, UNLIMITED).tier).inc()
 
-    async def _apply(self, plan: FiringPlan, now: datetime) -> None:
-        """Writes the batch's rows and produces its messages.
+    def _apply(self, plan: FiringPlan, now: datetime) -> asyncio.Future[list[None]]:
+        """Starts writing the batch's rows and producing its messages; the future is done when
+        all of them are.
 
         Each enqueued run's own rows (its run row, ENQUEUED; its schedule's overlap cell,
         unless its next fire timer marks it in progress; its lease timer) go out with its
@@ -961,7 +983,7 @@ class Firing:
             # instant.
             await self._timers.repeat_if_slow(plan.next_timers, written_at=stamped)
 
-        await asyncio.gather(
+        return asyncio.gather(
             write(), *(self._produce(topic, releases) for topic, releases in by_topic.items())
         )
 

@@ -113,7 +113,7 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
             wheel = TimerWheel(
                 timers,
                 instance=config.instance_id,
-                on_due=firing.on_due,
+                on_due=firing.start,
                 on_poison=firing.quarantine,
                 is_transient=firing.is_transient,
                 lanes=lanes,

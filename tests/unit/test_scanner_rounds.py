@@ -5,10 +5,12 @@ in the scanner's memory as its reads would leave them; nothing here reads or wri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
 from bucketer.cassandra import CassandraTimerStore
+from bucketer.keys import minute_bucket
 from bucketer.model import Timer
 from bucketer.scanner import ShardProgress, WheelScanner
 
@@ -221,3 +223,143 @@ def test_pruning_forgets_handed_timers_a_re_read_cannot_meet_bucket_by_bucket() 
     p.checkpoints[herd_bucket.bucket] = (later.fire_time, "~")
     WheelScanner._prune_handed(p)
     assert p.handed == {} and p.pruned_at == {}
+
+
+# Half a minute into a minute bucket: these tests' timers and checkpoints stay in it.
+MID = NOW + timedelta(seconds=30)
+
+
+class _Sends:
+    """An ``OnDue`` that plans at once and keeps each batch's sending open until told: what
+    the dispatcher's fire-ahead does while it holds messages until their slots."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Timer]] = []
+        self.open: list[asyncio.Future[None]] = []
+
+    async def __call__(self, batch: list[Timer]) -> asyncio.Future[None]:
+        self.batches.append(batch)
+        sending = asyncio.get_running_loop().create_future()
+        self.open.append(sending)
+        return sending
+
+
+def _sending_scanner(sends: _Sends) -> WheelScanner:
+    # No checkpoint is written in these tests (the store is never reached): none is due.
+    return WheelScanner(
+        cast(CassandraTimerStore, None),
+        sends,
+        batch=100,
+        clock=lambda: MID,
+        checkpoint_every=timedelta(days=1e6),
+    )
+
+
+def _read(scanner: WheelScanner) -> None:
+    """What a read just done leaves: everything due by a second from now is read."""
+    for p in scanner.shards.values():
+        p.read_until, p.read_at = MID + timedelta(seconds=1), MID
+        p.done_through = minute_bucket(MID) - 1
+
+
+def test_a_round_does_not_wait_for_its_batches_sending_and_they_hold_the_checkpoint() -> None:
+    sends = _Sends()
+    scanner = _sending_scanner(sends)
+    first = _timer("a-1", 0, MID - timedelta(seconds=5), 1)
+    second = _timer("a-2", 0, MID - timedelta(seconds=4), 2)
+    _fill(scanner, [first, second])
+    _read(scanner)
+    p = scanner.shards[0]
+
+    async def scenario() -> None:
+        # The round returns with its batch still sending: the next round can be planned.
+        assert await asyncio.wait_for(scanner.fire_due(), 1) == 2
+        assert len(sends.open) == 1 and not p.pending
+        assert set(p.in_flight) == {first.position, second.position}
+        # A re-read meets them (a re-read window covers them) and passes over them.
+        assert scanner._known(first.bucket)(0, first.position, first.data)
+        scanner._take(p, first.bucket, [first, second])
+        assert not p.pending
+        # The next round finds nothing to hand again.
+        assert await scanner.fire_due() == 0
+        # No checkpoint passes the first timer whose batch is still sending.
+        await scanner.record_progress()
+        assert p.after(first.bucket) <= first.position
+        sends.open[0].set_result(None)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not p.in_flight and p.handed[first.bucket] == {first.position, second.position}
+        await scanner.record_progress()
+        assert p.after(first.bucket) > second.position
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_whose_sending_failed_is_handed_again_and_its_sending_awaited() -> None:
+    sends = _Sends()
+    scanner = _sending_scanner(sends)
+    timers = [_timer(f"a-{i}", 0, MID - timedelta(seconds=5 - i), i) for i in range(3)]
+    _fill(scanner, timers)
+    _read(scanner)
+    p = scanner.shards[0]
+
+    async def scenario() -> None:
+        await scanner.fire_due()
+        sends.open[0].set_exception(ConnectionError("broker gone"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        # Pending again, and held at the checkpoint meanwhile.
+        assert not p.in_flight and len(p.pending) == 3
+        await scanner.record_progress()
+        assert p.after(timers[0].bucket) <= timers[0].position
+        # Handed again: this round waits for the sending, so a second failure is the round's
+        # (split in halves, then raised as the batch's transient error).
+        round_ = asyncio.create_task(scanner.fire_due())
+        await asyncio.sleep(0.01)
+        assert not round_.done() and len(sends.open) == 2
+        sends.open[1].set_result(None)
+        assert await asyncio.wait_for(round_, 1) == 3
+        assert not p.pending and not p.in_flight and not scanner._resend
+        assert p.handed[timers[0].bucket] == {t.position for t in timers}
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_scanner_cancels_the_sending_it_was_waiting_for() -> None:
+    sends = _Sends()
+    scanner = _sending_scanner(sends)
+    t = _timer("a-1", 0, MID - timedelta(seconds=1), 1)
+    _fill(scanner, [t])
+    _read(scanner)
+
+    async def scenario() -> None:
+        await scanner.fire_due()
+        (task,) = scanner._sending
+        running = asyncio.create_task(scanner.run())
+        await asyncio.sleep(0.01)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        assert task.cancelled() and sends.open[0].cancelled()
+        # Never handed: its checkpoint still holds it for the shard's next owner.
+        assert t.position in scanner.shards[0].in_flight
+
+    asyncio.run(scenario())
+
+
+def test_a_sending_cancelled_by_its_sender_counts_as_failed() -> None:
+    sends = _Sends()
+    scanner = _sending_scanner(sends)
+    t = _timer("a-1", 0, MID - timedelta(seconds=1), 1)
+    _fill(scanner, [t])
+    _read(scanner)
+
+    async def scenario() -> None:
+        await scanner.fire_due()
+        sends.open[0].cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        p = scanner.shards[0]
+        assert not p.in_flight and t.position in p.pending and t.position in scanner._resend
+
+    asyncio.run(scenario())
