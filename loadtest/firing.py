@@ -126,10 +126,12 @@ def herd_second(now: datetime, count: int) -> datetime:
 
 
 def queue_wait(e: Execution, scheduled: float) -> float | None:
-    """How long a run waited between its enqueue (its slot, if it was planned ahead of it)
-    and its handler's start: the run queue's part of its lag (Kafka, the worker); the rest is
-    the dispatcher's. None if the worker did not say when it was enqueued."""
-    return None if e.enqueued is None else e.started - max(e.enqueued, scheduled)
+    """How long a run waited between its message's produce (its enqueue where the record's
+    time is not known; its slot, if that came later) and its handler's start: the run queue's
+    part of its lag (Kafka, the worker); the rest is the dispatcher's. None if the worker did
+    not say when it was produced or enqueued."""
+    sent = e.produced if e.produced is not None else e.enqueued
+    return None if sent is None else e.started - max(sent, scheduled)
 
 
 def account_herd(
@@ -162,18 +164,18 @@ def herd_lines(
     lags: list[float],
     timeline: list[tuple[float, float]],
     waits: Sequence[float] = (),
-    queued: Sequence[tuple[float, float]] = (),
+    queued: Sequence[tuple[float, float | None]] = (),
     skipped: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The report's lines on a one-off herd: how it drained, and the lag of the other slots
     due while it drained; with ``waits`` (the herd's) and ``queued`` (the other slots'
-    (scheduled, wait)), how much of it was spent after the enqueue."""
+    (scheduled, wait or None)), how much of it was spent after the produce."""
     if at is None:
         return []
     drained = max(lags, default=math.nan)
     t0 = at.timestamp()
     beside = [lag for due, lag in timeline if t0 <= due <= t0 + drained]
-    beside_waits = [w for due, w in queued if t0 <= due <= t0 + drained]
+    beside_waits = [w for due, w in queued if w is not None and t0 <= due <= t0 + drained]
     return [
         f"- **herd of {count:,} due at {at:%H:%M:%S}**: "
         f"{count - len(lost) - len(skipped or {}):,} ran, "
@@ -181,10 +183,10 @@ def herd_lines(
         f"**{len(twice):,} ran more than once**; start lag p50 "
         f"{pct(lags, 0.5):.2f} s, p99 {pct(lags, 0.99):.2f} s, the last {drained:.1f} s after "
         f"the second ({count / drained if drained > 0 else math.nan:,.0f} herd firings/s)"
-        + _after_enqueue(waits),
+        + _after_produce(waits),
         f"- the {len(beside):,} other slots due while it drained: lag p50 "
         f"{pct(beside, 0.5):.2f} s, p99 {pct(beside, 0.99):.2f} s, max "
-        f"{max(beside, default=math.nan):.2f} s" + _after_enqueue(beside_waits),
+        f"{max(beside, default=math.nan):.2f} s" + _after_produce(beside_waits),
     ]
 
 
@@ -200,11 +202,11 @@ def skipped_text(skipped: Mapping[str, str]) -> str:
     )
 
 
-def _after_enqueue(waits: Sequence[float]) -> str:
+def _after_produce(waits: Sequence[float]) -> str:
     if not waits:
         return ""
     return (
-        f"; of it after the enqueue (the run queue: Kafka and the worker) p50 "
+        f"; of it after the produce (the run queue: Kafka and the worker) p50 "
         f"{pct(waits, 0.5):.2f} s, p99 {pct(waits, 0.99):.2f} s"
     )
 
@@ -448,12 +450,14 @@ async def recorded_runs(session: Session, keyspace: str, run_ids: Sequence[str])
 
 def account(
     schedules: list[Schedule], tally_dir: Path, lo: datetime, hi: datetime
-) -> tuple[int, list[str], dict[str, int], list[tuple[float, float]], list[tuple[float, float]]]:
+) -> tuple[
+    int, list[str], dict[str, int], list[tuple[float, float]], list[tuple[float, float | None]]
+]:
     """From the handlers' own record: the slots due in [lo, hi) (every schedule fires once a
     minute at its jitter offset), which of them never ran (lost), which ran more than once
     (run id -> executions), each run's scheduled time (epoch seconds) and start lag
-    (handler start - scheduled_for), and each run's scheduled time and wait after its enqueue
-    (``queue_wait``)."""
+    (handler start - scheduled_for), and each run's scheduled time and wait after its produce
+    (``queue_wait``; None where not known), in the same order."""
     expected: set[str] = set()
     first_minute = lo.replace(second=0, microsecond=0) - timedelta(minutes=1)
     minutes = int((hi - first_minute).total_seconds() // 60) + 1
@@ -465,7 +469,7 @@ def account(
                 expected.add(run_id_for(s.schedule_id, at))
     counts: dict[str, int] = {}
     timeline: list[tuple[float, float]] = []
-    queued: list[tuple[float, float]] = []
+    queued: list[tuple[float, float | None]] = []
     for e in read_tallies(tally_dir):
         if e.run_id not in expected:
             continue
@@ -473,9 +477,7 @@ def account(
         if counts[e.run_id] == 1:
             scheduled = parse_run_id(e.run_id).scheduled_for.timestamp()
             timeline.append((scheduled, e.started - scheduled))
-            wait = queue_wait(e, scheduled)
-            if wait is not None:
-                queued.append((scheduled, wait))
+            queued.append((scheduled, queue_wait(e, scheduled)))
     lost = sorted(expected - counts.keys())
     doubled = {r: n for r, n in counts.items() if n > 1}
     return len(expected), lost, doubled, timeline, queued
@@ -842,10 +844,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     REPORTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     lags = [lag for _scheduled, lag in timeline]
-    waits = [wait for _scheduled, wait in queued]
+    waits = [wait for _scheduled, wait in queued if wait is not None]
     with (REPORTS / f"firing-{stamp}.csv").open("w", newline="") as f:
         csv.writer(f).writerows(
-            [("scheduled_for", "start_lag_s"), *((round(t, 3), round(x, 4)) for t, x in timeline)]
+            [
+                ("scheduled_for", "start_lag_s", "queue_s"),
+                *(
+                    (round(t, 3), round(x, 4), "" if w is None else round(w, 4))
+                    for (t, x), (_t, w) in zip(timeline, queued, strict=True)
+                ),
+            ]
         )
     busy = sum(cpu.values()) / wall
     ours_busy = sum(c for n, c in cpu.items() if n not in ("cassandra", "kafka")) / wall
@@ -868,7 +876,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         f"{statistics.fmean(lags) if lags else float('nan'):.3f} s",
         *(
             [
-                f"- of it, after the enqueue (the run queue: Kafka and the worker; the rest is "
+                f"- of it, after the produce (the run queue: Kafka and the worker; the rest is "
                 f"the dispatcher's): p50 {pct(waits, 0.5):.3f} s, p99 {pct(waits, 0.99):.3f} s"
             ]
             if waits

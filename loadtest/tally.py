@@ -2,10 +2,11 @@
 the handlers' side, not from the scheduler's own bookkeeping.
 
 ``cronscale worker --import loadtest.tally`` registers ``loadtest.tally``; each call appends
-``<run_id> <attempt> <start unix time> <enqueue unix time, or ->`` to
+``<run_id> <attempt> <start unix time> <enqueue unix time, or -> <produce unix time, or ->`` to
 ``$CRONSCALE_LOADTEST_TALLY/tally-<pid>.log`` (line-buffered: a worker killed mid-run loses at
-most the line being written). The enqueue time (the dispatcher's, from the run message) splits
-a run's lag into the dispatcher's part and the run queue's (Kafka and the worker).
+most the line being written). The produce time (the run message's Kafka record timestamp)
+splits a run's lag into the dispatcher's part and the run queue's (Kafka and the worker); the
+enqueue time (the dispatcher's, from the run message) tells one delivery from another.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _file() -> TextIO:
 async def tally(ctx: HandlerContext) -> None:
     started = time.time()
     enqueued = f"{ctx.enqueue_time.timestamp():.6f}" if ctx.enqueue_time else "-"
-    _file().write(f"{ctx.run_id} {ctx.attempt} {started:.6f} {enqueued}\n")
+    produced = f"{ctx.produce_time.timestamp():.3f}" if ctx.produce_time else "-"
+    _file().write(f"{ctx.run_id} {ctx.attempt} {started:.6f} {enqueued} {produced}\n")
 
 
 class Execution(NamedTuple):
@@ -45,16 +47,18 @@ class Execution(NamedTuple):
     attempt: int
     started: float
     enqueued: float | None
+    produced: float | None = None
 
 
 def parse_line(line: str) -> Execution | None:
-    """One tally line (lines of three fields, from before the enqueue time was written, have
-    none); None for a line that is not one (a partial last line)."""
+    """One tally line (lines from before the enqueue or the produce time was written have
+    fewer fields: none for them); None for a line that is not one (a partial last line)."""
     parts = line.split()
-    if len(parts) not in (3, 4):
+    if not 3 <= len(parts) <= 5:
         return None
-    enqueued = float(parts[3]) if len(parts) == 4 and parts[3] != "-" else None
-    return Execution(parts[0], int(parts[1]), float(parts[2]), enqueued)
+    enqueued = float(parts[3]) if len(parts) >= 4 and parts[3] != "-" else None
+    produced = float(parts[4]) if len(parts) == 5 and parts[4] != "-" else None
+    return Execution(parts[0], int(parts[1]), float(parts[2]), enqueued, produced)
 
 
 def read_tallies(folder: Path) -> list[Execution]:

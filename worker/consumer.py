@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -232,7 +233,7 @@ class KafkaRunConsumer:
             return
         where = {"topic": tp.topic, "partition": tp.partition, "offset": message.offset}
         try:
-            task = decode_run_message(message.value)
+            task = decode_run_message(message.value, produce_time=_record_time(message))
         except UnsupportedMessageVersion as e:
             metrics.MESSAGES_SKIPPED.labels(self._config.tier, "unsupported_version").inc()
             logger.error(
@@ -660,3 +661,10 @@ def _fmt(commits: dict[TopicPartition, Commit]) -> str:
         f"{tp.topic}[{tp.partition}]={c.offset}" + (f"+{len(c.finished)}" if c.finished else "")
         for tp, c in sorted(commits.items())
     )
+
+
+def _record_time(message: Any) -> datetime | None:
+    """A fetched record's timestamp (its CreateTime, or the broker's append time if the topic
+    says so); None if it has none."""
+    ms = message.timestamp
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms is not None and ms >= 0 else None

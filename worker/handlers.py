@@ -66,6 +66,11 @@ class HandlerContext:
     # for one run_id and attempt with the same enqueue_time are one message delivered twice;
     # different ones are the run fired twice (see docs/concepts/delivery.md).
     enqueue_time: datetime | None = None
+    # When the dispatcher produced this delivery to the run queue (the Kafka record's
+    # CreateTime, to the millisecond; None if the record does not carry one). With fire-ahead
+    # the enqueue time comes before the slot and the produce at it: start minus this is the
+    # time the run spent in the queue (Kafka and the worker).
+    produce_time: datetime | None = None
 
     def json(self) -> Any:
         """The payload decoded as JSON; ``None`` for an empty payload.

@@ -41,15 +41,18 @@ class RunTask:
     # RunMessage.next_fire_time, echoed in the run's events (None: not set).
     next_fire_time: datetime | None = None
     schema_version: int = SCHEMA_VERSION
+    # When the message was produced: its Kafka record's CreateTime (None: not known).
+    produce_time: datetime | None = None
 
 
-def decode_run_message(value: bytes | None) -> RunTask:
+def decode_run_message(value: bytes | None, *, produce_time: datetime | None = None) -> RunTask:
     """Decodes a Kafka record value into a :class:`RunTask`.
 
     Raises :class:`UnsupportedMessageVersion` for a ``schema_version`` above
     :data:`SCHEMA_VERSION` (with what could be read, for reporting) and
     :class:`MessageDecodeError` for anything else that is not a runnable message (not protobuf,
-    no run_id, no handler, no scheduled_for).
+    no run_id, no handler, no scheduled_for). ``produce_time`` is the record's timestamp, kept
+    as the task's.
     """
     if value is None:
         raise MessageDecodeError("the record has no value (a tombstone?)")
@@ -63,14 +66,14 @@ def decode_run_message(value: bytes | None) -> RunTask:
         missing.append("scheduled_for")
     if msg.schema_version > SCHEMA_VERSION:
         # Protobuf keeps old field numbers readable, so the ids usually survive a new layout.
-        readable = _to_task(msg) if not missing or missing == ["handler"] else None
+        readable = _to_task(msg, produce_time) if not missing or missing == ["handler"] else None
         raise UnsupportedMessageVersion(msg.schema_version, SCHEMA_VERSION, task=readable)
     if missing:
         raise MessageDecodeError(f"the run message lacks {', '.join(missing)}")
-    return _to_task(msg)
+    return _to_task(msg, produce_time)
 
 
-def _to_task(msg: run_message_pb2.RunMessage) -> RunTask:
+def _to_task(msg: run_message_pb2.RunMessage, produce_time: datetime | None) -> RunTask:
     max_runtime = (
         msg.max_runtime.ToTimedelta().total_seconds() if msg.HasField("max_runtime") else 0
     )
@@ -94,6 +97,7 @@ def _to_task(msg: run_message_pb2.RunMessage) -> RunTask:
         else None,
         # 0 is proto3's "unset": a producer that predates versioning wrote the first layout.
         schema_version=msg.schema_version or SCHEMA_VERSION,
+        produce_time=produce_time,
     )
 
 

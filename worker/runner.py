@@ -290,6 +290,7 @@ class Runner:
             handler=task.handler,
             manual=task.manual,
             enqueue_time=task.enqueue_time,
+            produce_time=task.produce_time,
         )
 
     async def _call(

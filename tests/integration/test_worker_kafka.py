@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -270,6 +270,38 @@ async def test_runs_reports_and_commits_every_message(config: WorkerConfig) -> N
         "it-worker",
     )
     assert await _committed(config.group_id, config.topic) == end
+
+
+@pytest.mark.timeout(120)
+async def test_a_handler_is_told_when_its_message_was_produced(config: WorkerConfig) -> None:
+    """The record's timestamp reaches the handler as ``produce_time``: with fire-ahead the
+    enqueue time is before the slot, so only this tells the run queue's wait apart."""
+    recorder = Recorder()
+    server = await _serve(recorder, int(config.api_target.rsplit(":", 1)[1]))
+    seen: list[HandlerContext] = []
+
+    async def note(ctx: HandlerContext) -> None:
+        seen.append(ctx)
+
+    registry = HandlerRegistry()
+    registry.register("note", note)
+    produced = datetime.now(UTC).replace(microsecond=123_000) - timedelta(seconds=5)
+    await _produce(
+        config.topic,
+        [("stamped", _message("stamped", "note"))],
+        timestamp_ms=round(produced.timestamp() * 1000),
+    )
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(config, stop, registry))
+    try:
+        await _until(lambda: len(recorder.finished()) == 1, 60, "the outcome")
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        await server.stop(None)
+    (ctx,) = seen
+    assert ctx.produce_time == produced
+    assert ctx.enqueue_time is not None and ctx.enqueue_time > produced
 
 
 @pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from loadtest.firing import (
     skipped_text,
     warm_window_start,
 )
-from loadtest.tally import Execution
+from loadtest.tally import Execution, parse_line
 from scheduler.model import Run, RunStatus, ScheduleSpec, SkipReason, SpecKind, run_id_for
 from scheduler.slots import next_slot
 
@@ -74,7 +74,7 @@ def test_a_herd_is_accounted_from_the_handlers_record(tmp_path: Path) -> None:
     lines = herd_lines(at, 3, lost, twice, lags, timeline, waits, [(t0 + 3, 0.5), (t0 + 9, 4.0)])
     assert "2 ran, **1 lost**, **1 ran more than once**" in lines[0]
     assert "the last 4.0 s after the second" in lines[0]
-    assert lines[0].endswith("of it after the enqueue (the run queue: Kafka and the worker) "
+    assert lines[0].endswith("of it after the produce (the run queue: Kafka and the worker) "
                              "p50 1.00 s, p99 1.00 s")  # fmt: skip
     # Only the other slots due while the herd drained (within 4 s of it) count beside it.
     assert lines[1].startswith("- the 2 other slots due while it drained: lag p50 0.60 s")
@@ -86,6 +86,16 @@ def test_a_runs_wait_after_its_enqueue_counts_from_its_slot_if_planned_ahead() -
     assert queue_wait(Execution("r", 1, 100.5, 99.7), 100.0) == 0.5
     assert queue_wait(Execution("r", 1, 100.5, 100.25), 100.0) == 0.25
     assert queue_wait(Execution("r", 1, 100.5, None), 100.0) is None
+
+
+def test_a_runs_wait_in_the_queue_counts_from_its_produce_when_the_record_says() -> None:
+    # Planned 0.3 s ahead, held, produced 0.12 s after its slot (a release late), started
+    # 0.5 s after it: 0.38 s of its lag was the run queue's, 0.12 s the dispatcher's.
+    e = parse_line("r 1 100.500000 99.700000 100.120")
+    assert e == Execution("r", 1, 100.5, 99.7, 100.12)
+    assert queue_wait(e, 100.0) == 100.5 - 100.12
+    assert parse_line("r 1 100.500000 99.700000 -") == Execution("r", 1, 100.5, 99.7, None)
+    assert parse_line("r 1 100.5 - - extra") is None
 
 
 def test_a_slot_the_scheduler_skipped_by_policy_is_told_apart_from_a_lost_one() -> None:
