@@ -363,3 +363,92 @@ def test_a_sending_cancelled_by_its_sender_counts_as_failed() -> None:
         assert not p.in_flight and t.position in p.pending and t.position in scanner._resend
 
     asyncio.run(scenario())
+
+
+def test_rounds_go_on_while_a_read_waits_for_cassandra() -> None:
+    """A read runs beside the rounds: timers already read and falling due are handed while
+    the next read still waits for its rows (130-220 ms on a busy box, every tick)."""
+
+    class SlowReads:
+        """A store whose multi-shard scans wait until released; nothing else is reached."""
+
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+            self.scans = 0
+
+        async def scan_shards(self, **_: object) -> dict[int, object]:
+            self.scans += 1
+            await self.release.wait()
+            return {}
+
+    store = SlowReads()
+    handed: list[Timer] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        handed.extend(batch)
+
+    now = [MID]
+    scanner = WheelScanner(
+        cast(CassandraTimerStore, store),
+        on_due,
+        clock=lambda: now[0],
+        checkpoint_every=timedelta(days=1e6),
+    )
+    soon = _timer("a-1", 0, MID + timedelta(milliseconds=50), 1)
+    _fill(scanner, [soon])
+    _read(scanner)
+
+    async def scenario() -> None:
+        running = asyncio.create_task(scanner.run())
+        try:
+            await asyncio.sleep(0.02)
+            assert store.scans == 1 and not handed  # reading, and nothing due yet
+            now[0] = MID + timedelta(milliseconds=60)
+            scanner._wake.set()
+            await asyncio.sleep(0.05)
+            assert handed == [soon] and store.scans == 1  # the read still waits
+            store.release.set()
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        assert scanner._reading is None
+
+    asyncio.run(scenario())
+
+
+def test_shards_progress_is_written_together_not_one_shard_after_another() -> None:
+    """Every shard's checkpoint comes due in the same pass (every ``checkpoint_every``): one
+    LWT after the other, 64 round trips held the scanner's loop, and the next round."""
+
+    class Checkpoints:
+        """A store that records how many checkpoint writes it has at once."""
+
+        def __init__(self) -> None:
+            self.writing = 0
+            self.most = 0
+            self.written: list[int] = []
+
+        async def advance_checkpoint(self, shard: int, *_: object) -> None:
+            self.writing += 1
+            self.most = max(self.most, self.writing)
+            await asyncio.sleep(0.01)
+            self.writing -= 1
+            self.written.append(shard)
+
+    store = Checkpoints()
+
+    async def on_due(batch: list[Timer]) -> None:
+        return None
+
+    scanner = WheelScanner(cast(CassandraTimerStore, store), on_due, clock=lambda: MID)
+    bucket = minute_bucket(MID)
+    for shard in range(32):
+        p = ShardProgress(shard=shard, epoch=1, done_through=bucket - 1)
+        p.read_until, p.read_at = MID, MID
+        p.dirty.add(bucket)
+        p.last_flush = float("-inf")
+        scanner.shards[shard] = p
+    asyncio.run(scanner.record_progress())
+    assert sorted(store.written) == list(range(32))
+    assert 1 < store.most <= 16
