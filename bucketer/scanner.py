@@ -13,13 +13,19 @@ A round over a deeper backlog orders only each lane's oldest round's worth, not 
 herd's instant) take turns with that head, so a tenant's herd does not hold its own later
 seconds until it has drained.
 
+A batch's hand-over may end before what it sends has gone out (``OnDue``: the dispatcher's
+fire-ahead holds messages until their slots): the next round is planned meanwhile, and the
+batch's timers wait apart (``ShardProgress.in_flight``), neither pending nor handed, until its
+sending ends; if it fails they are pending again. Reads run beside the rounds (``_scan``).
+
 Progress: after a batch is handed, each partition's checkpoint may move to the first timer
-still pending, but never past ``grace`` before the start of the last read (nor past ``now -
-grace``). The grace window lets a timer written moments late (a write in flight, a writer's
-clock a little behind) still be read, however long firing took since; re-read timers are
-recognised by position and not handed twice. Checkpoints and finished buckets are written with
-the shard's epoch as condition (fencing), at most once per ``checkpoint_every`` per shard and
-only when something was handed, so a new owner resumes where this one provably got to.
+still pending or still sending, but never past ``grace`` before the start of the last read
+(nor past ``now - grace``). The grace window lets a timer written moments late (a write in
+flight, a writer's clock a little behind) still be read, however long firing took since;
+re-read timers are recognised by position and not handed twice. Checkpoints and finished
+buckets are written with the shard's epoch as condition (fencing), at most once per
+``checkpoint_every`` per shard and only when something was handed, so a new owner resumes
+where this one provably got to.
 """
 
 from __future__ import annotations
@@ -420,10 +426,15 @@ class WheelScanner:
             return until_hand
         if not self._last_round:
             return self._coalesce
+        if not self._sending:
+            return 0.0
         # A round still holding its messages (its batches sending) did not wait for its last
-        # slot: the window gathers the next round's worth, as it does for timers handed on
-        # time, rather than rounds of the few timers that fell due during its planning.
-        return self.coalescing_window() if self._sending else 0.0
+        # slot. The next one gathers a third of the fire-ahead's worth of slots (at least the
+        # coalescing window), rather than the few that fell due during that round's planning:
+        # it begins two thirds of the fire-ahead before its first slot, less the planning
+        # of the round before it, to be planned before that slot. A wider fire-ahead makes
+        # fewer, larger rounds, which cost less per firing in every process.
+        return max(self.coalescing_window(), max(self._ahead.values()).total_seconds() / 3)
 
     def coalescing_window(self) -> float:
         """Seconds the next round waits at least after this one (see ``_sleep``)."""

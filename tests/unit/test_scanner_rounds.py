@@ -9,6 +9,8 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
+import pytest
+
 from bucketer.cassandra import CassandraTimerStore
 from bucketer.keys import minute_bucket
 from bucketer.model import Timer
@@ -244,6 +246,12 @@ class _Sends:
         return sending
 
 
+async def _turns() -> None:
+    """A few turns of the event loop: a sending that ended is seen, its task done."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 def _sending_scanner(sends: _Sends) -> WheelScanner:
     # No checkpoint is written in these tests (the store is never reached): none is due.
     return WheelScanner(
@@ -286,8 +294,7 @@ def test_a_round_does_not_wait_for_its_batches_sending_and_they_hold_the_checkpo
         await scanner.record_progress()
         assert p.after(first.bucket) <= first.position
         sends.open[0].set_result(None)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await _turns()
         assert not p.in_flight and p.handed[first.bucket] == {first.position, second.position}
         await scanner.record_progress()
         assert p.after(first.bucket) > second.position
@@ -306,8 +313,7 @@ def test_a_batch_whose_sending_failed_is_handed_again_and_its_sending_awaited() 
     async def scenario() -> None:
         await scanner.fire_due()
         sends.open[0].set_exception(ConnectionError("broker gone"))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await _turns()
         # Pending again, and held at the checkpoint meanwhile.
         assert not p.in_flight and len(p.pending) == 3
         await scanner.record_progress()
@@ -357,8 +363,7 @@ def test_a_sending_cancelled_by_its_sender_counts_as_failed() -> None:
     async def scenario() -> None:
         await scanner.fire_due()
         sends.open[0].cancel()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await _turns()
         p = scanner.shards[0]
         assert not p.in_flight and t.position in p.pending and t.position in scanner._resend
 
@@ -452,3 +457,36 @@ def test_shards_progress_is_written_together_not_one_shard_after_another() -> No
     asyncio.run(scanner.record_progress())
     assert sorted(store.written) == list(range(32))
     assert 1 < store.most <= 16
+
+
+def test_the_next_round_of_timers_handed_ahead_gathers_a_window_while_one_is_sending() -> None:
+    """A round handed ahead that held its messages until its last slot gathered what fell due
+    meanwhile, and the next one began at once; one that did not (its batches still sending)
+    leaves a third of the fire-ahead (at least the coalescing window) to gather the next
+    round's worth, not the few timers that fell due while it was planned."""
+    sends = _Sends()
+    scanner = WheelScanner(
+        cast(CassandraTimerStore, None),
+        sends,
+        batch=100,
+        busy_round=1,
+        clock=lambda: MID,
+        ahead={"t": timedelta(milliseconds=300)},
+    )
+    _fill(scanner, [_timer("a-1", 0, MID + timedelta(milliseconds=200), 1)])
+    _read(scanner)
+    due_soon = MID + timedelta(milliseconds=250)  # within the fire-ahead: its time has come
+
+    async def scenario() -> None:
+        assert await scanner.fire_due() == 1
+        assert scanner._sending
+        assert scanner._ahead_wait(due_soon, MID) == scanner.coalescing_window() == 0.1
+        # A third of a wider fire-ahead: fewer, larger rounds.
+        scanner._ahead = {"t": timedelta(milliseconds=600)}
+        assert scanner._ahead_wait(due_soon, MID) == pytest.approx(0.2)
+        sends.open[0].set_result(None)
+        await _turns()
+        assert not scanner._sending
+        assert scanner._ahead_wait(due_soon, MID) == 0.0
+
+    asyncio.run(scenario())
