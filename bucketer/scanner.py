@@ -36,7 +36,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
@@ -76,6 +76,9 @@ _AFTER_INSTANT = timedelta(milliseconds=1)
 
 # A round of a single lane's backlog hands this many times ``batches_in_flight`` batches.
 _SINGLE_LANE_ROUNDS = 8
+
+# Batches handed and still sending (``OnDue``) at most, for each of ``batches_in_flight``.
+_SENDING_PER_SLOT = 2
 
 
 def _marked(t: Timer, takeover_until: datetime | None) -> Timer:
@@ -291,7 +294,9 @@ class WheelScanner:
             p.last_flush = float("-inf")
             now = self._clock()
             try:
-                await self._progress(p, now, (now - self._grace, ""))
+                write = self._progress(p, now, (now - self._grace, ""))
+                if write is not None:
+                    await write
             except LostOwnership:
                 pass
             except Exception as e:
@@ -601,9 +606,21 @@ class WheelScanner:
             return 0
         slots = asyncio.Semaphore(self._in_flight)
 
+        handing = 0
+
         async def hand(batch: list[Timer]) -> int:
+            nonlocal handing
             async with slots:
-                return await self._deliver(batch)
+                # Batches still sending are bounded too (those being handed count): a backlog
+                # (a herd) is planned faster than it is sent, and would pile up sends past
+                # their deadline.
+                while len(self._sending) + handing >= self._in_flight * _SENDING_PER_SLOT:
+                    await asyncio.wait(set(self._sending), return_when=asyncio.FIRST_COMPLETED)
+                handing += 1
+                try:
+                    return await self._deliver(batch)
+                finally:
+                    handing -= 1
 
         # Several batches in flight: one slow write or send does not hold up the others, and a
         # :00 herd's batches overlap their reads, writes and produces.
@@ -854,15 +871,22 @@ class WheelScanner:
         """Moves checkpoints and finishes buckets, fenced by each shard's epoch."""
         now = self._clock()
         horizon: Position = (now - self._grace, "")
+        writes = [
+            (p, w)
+            for p in list(self.shards.values())
+            if (w := self._progress(p, now, horizon)) is not None
+        ]
+        if not writes:
+            return
         # The shards' writes (LWTs) go out together, a few at a time: one after the other,
         # a pass whose checkpoints were due (every shard's, every ``checkpoint_every``) held
         # the scanner's loop, and so the next round, for 64 round trips.
         slots = asyncio.Semaphore(PROGRESS_IN_FLIGHT)
 
-        async def one(p: ShardProgress) -> None:
+        async def one(p: ShardProgress, write: Coroutine[None, None, None]) -> None:
             async with slots:
                 try:
-                    await self._progress(p, now, horizon)
+                    await write
                 except LostOwnership:
                     logger.warning(
                         "shard %d: fenced out at epoch %d; dropping it", p.shard, p.epoch
@@ -870,16 +894,18 @@ class WheelScanner:
                     self.remove_shard(p.shard)
 
         # Every shard's pass ends before an error is raised: none still writing meanwhile.
-        results = await asyncio.gather(
-            *(one(p) for p in list(self.shards.values())), return_exceptions=True
-        )
+        results = await asyncio.gather(*(one(p, w) for p, w in writes), return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
                 raise r
 
-    async def _progress(self, p: ShardProgress, now: datetime, horizon: Position) -> None:
+    def _progress(
+        self, p: ShardProgress, now: datetime, horizon: Position
+    ) -> Coroutine[None, None, None] | None:
+        """Moves ``p``'s checkpoints in memory; returns the writes that record them, when due
+        (None: nothing to write)."""
         if p.read_until is None or p.read_at is None:
-            return
+            return None
         horizon = min(horizon, (p.read_until, ""), (p.read_at - self._grace, ""))
         current = minute_bucket(now)
         # Each bucket's first pending timer, from the pending lines' instants (not a pass over
@@ -913,23 +939,38 @@ class WheelScanner:
                 finished = bucket
         force = finished > p.done_through
         mono = time.monotonic()
-        if p.dirty and (force or mono - p.last_flush >= self._checkpoint_every):
-            for bucket in sorted(p.dirty):
-                if bucket > finished and bucket in p.checkpoints:
-                    at, tid = p.checkpoints[bucket]
-                    await self._store.advance_checkpoint(
-                        p.shard, p.epoch, Checkpoint(bucket=bucket, fire_time=at, timer_id=tid)
-                    )
+        if mono - p.last_prune >= PRUNE_EVERY:
+            self._prune_handed(p)
+            p.last_prune = mono
+        flush = bool(p.dirty) and (force or mono - p.last_flush >= self._checkpoint_every)
+        if not flush and not force:
+            return None
+        return self._record(p, finished if force else None, mono if flush else None)
+
+    async def _record(self, p: ShardProgress, finished: int | None, flush: float | None) -> None:
+        """Writes ``p``'s checkpoints of the buckets handed from since the last flush (if
+        ``flush``: that flush's instant) and finishes buckets through ``finished`` (if any)."""
+        done = p.done_through if finished is None else finished
+        if flush is not None:
+            # Taken now: a bucket handed from while these are written is written next time.
+            dirty = sorted(p.dirty)
             p.dirty.clear()
-            p.last_flush = mono
-        if force:
+            try:
+                for bucket in dirty:
+                    if bucket > done and bucket in p.checkpoints:
+                        at, tid = p.checkpoints[bucket]
+                        await self._store.advance_checkpoint(
+                            p.shard, p.epoch, Checkpoint(bucket=bucket, fire_time=at, timer_id=tid)
+                        )
+            except BaseException:
+                p.dirty.update(dirty)
+                raise
+            p.last_flush = flush
+        if finished is not None:
             await self._store.finish_through(p.shard, p.epoch, finished)
             for b in range(p.done_through + 1, finished + 1):
                 p.checkpoints.pop(b, None)
             p.done_through = finished
-        if mono - p.last_prune >= PRUNE_EVERY:
-            self._prune_handed(p)
-            p.last_prune = mono
 
     @staticmethod
     def _prune_handed(p: ShardProgress) -> None:

@@ -490,3 +490,39 @@ def test_the_next_round_of_timers_handed_ahead_gathers_a_window_while_one_is_sen
         assert scanner._ahead_wait(due_soon, MID) == 0.0
 
     asyncio.run(scenario())
+
+
+def test_batches_still_sending_are_bounded() -> None:
+    """A backlog is planned faster than it is sent: a round waits for batches still sending
+    once there are two for each batch it may have in flight."""
+    sends = _Sends()
+    scanner = WheelScanner(
+        cast(CassandraTimerStore, None),
+        sends,
+        batch=10,
+        batches_in_flight=2,
+        clock=lambda: MID,
+        checkpoint_every=timedelta(days=1e6),
+    )
+    _fill(scanner, [_timer(f"a-{i}", i % 4, MID - timedelta(seconds=5), i) for i in range(60)])
+    _read(scanner)
+
+    async def scenario() -> None:
+        round_ = asyncio.create_task(scanner.fire_due())
+        for _ in range(10):
+            await _turns()
+        assert len(sends.open) == 4 and not round_.done()  # 2 in flight x 2 sending each
+        sends.open[0].set_result(None)
+        for _ in range(10):
+            await _turns()
+        assert len(sends.open) == 5
+        for sending in sends.open[1:]:
+            sending.set_result(None)
+        for _ in range(10):
+            await _turns()
+            for sending in sends.open:
+                if not sending.done():
+                    sending.set_result(None)
+        assert await asyncio.wait_for(round_, 1) == 60
+
+    asyncio.run(scenario())
