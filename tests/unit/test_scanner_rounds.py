@@ -263,6 +263,15 @@ def _sending_scanner(sends: _Sends) -> WheelScanner:
     )
 
 
+def _sending_with(timers: list[Timer]) -> tuple[_Sends, WheelScanner]:
+    """A scanner over ``_Sends`` holding ``timers`` as a read just done leaves them."""
+    sends = _Sends()
+    scanner = _sending_scanner(sends)
+    _fill(scanner, timers)
+    _read(scanner)
+    return sends, scanner
+
+
 def _read(scanner: WheelScanner) -> None:
     """What a read just done leaves: everything due by a second from now is read."""
     for p in scanner.shards.values():
@@ -271,12 +280,9 @@ def _read(scanner: WheelScanner) -> None:
 
 
 def test_a_round_does_not_wait_for_its_batches_sending_and_they_hold_the_checkpoint() -> None:
-    sends = _Sends()
-    scanner = _sending_scanner(sends)
     first = _timer("a-1", 0, MID - timedelta(seconds=5), 1)
     second = _timer("a-2", 0, MID - timedelta(seconds=4), 2)
-    _fill(scanner, [first, second])
-    _read(scanner)
+    sends, scanner = _sending_with([first, second])
     p = scanner.shards[0]
 
     async def scenario() -> None:
@@ -303,11 +309,8 @@ def test_a_round_does_not_wait_for_its_batches_sending_and_they_hold_the_checkpo
 
 
 def test_a_batch_whose_sending_failed_is_handed_again_and_its_sending_awaited() -> None:
-    sends = _Sends()
-    scanner = _sending_scanner(sends)
     timers = [_timer(f"a-{i}", 0, MID - timedelta(seconds=5 - i), i) for i in range(3)]
-    _fill(scanner, timers)
-    _read(scanner)
+    sends, scanner = _sending_with(timers)
     p = scanner.shards[0]
 
     async def scenario() -> None:
@@ -332,11 +335,8 @@ def test_a_batch_whose_sending_failed_is_handed_again_and_its_sending_awaited() 
 
 
 def test_a_stopped_scanner_cancels_the_sending_it_was_waiting_for() -> None:
-    sends = _Sends()
-    scanner = _sending_scanner(sends)
     t = _timer("a-1", 0, MID - timedelta(seconds=1), 1)
-    _fill(scanner, [t])
-    _read(scanner)
+    sends, scanner = _sending_with([t])
 
     async def scenario() -> None:
         await scanner.fire_due()
@@ -354,11 +354,8 @@ def test_a_stopped_scanner_cancels_the_sending_it_was_waiting_for() -> None:
 
 
 def test_a_sending_cancelled_by_its_sender_counts_as_failed() -> None:
-    sends = _Sends()
-    scanner = _sending_scanner(sends)
     t = _timer("a-1", 0, MID - timedelta(seconds=1), 1)
-    _fill(scanner, [t])
-    _read(scanner)
+    sends, scanner = _sending_with([t])
 
     async def scenario() -> None:
         await scanner.fire_due()
