@@ -418,17 +418,19 @@ class WheelScanner:
 
     def _ahead_wait(self, due: datetime, now: datetime) -> float:
         """Seconds until the next round for a kind handed ahead whose earliest pending timer
-        is ``due``: until its hand-over time; none once that has come (the round holds until
-        its slots and gathers what comes due meanwhile); the coalescing window once it is
-        late (a backlog: without the window, rounds would hand a few late timers each, and
-        small batches cost more per firing in every process) or when the last round handed
-        nothing (a shard whose lease cannot be proven keeps its timers: no spinning)."""
+        is ``due``: until its hand-over time; once that has come, a third of the fire-ahead
+        while the last round's batches are still sending (below), none once they are not (a
+        round that held until its slots gathered what came due meanwhile); the coalescing
+        window once it is late (a backlog: without the window, rounds would hand a few late
+        timers each, and small batches cost more per firing in every process) or when the
+        last round handed nothing (a shard whose lease cannot be proven keeps its timers: no
+        spinning)."""
         until_due = (due - now).total_seconds()
         if until_due <= 0:
             return self.coalescing_window()
-        until_hand = until_due - max(self._ahead.values()).total_seconds()
-        if until_hand > 0:
-            return until_hand
+        span = max(self._ahead.values()).total_seconds()
+        if until_due > span:
+            return until_due - span
         if not self._last_round:
             return self._coalesce
         if not self._sending:
@@ -439,7 +441,7 @@ class WheelScanner:
         # it begins two thirds of the fire-ahead before its first slot, less the planning
         # of the round before it, to be planned before that slot. A wider fire-ahead makes
         # fewer, larger rounds, which cost less per firing in every process.
-        return max(self.coalescing_window(), max(self._ahead.values()).total_seconds() / 3)
+        return max(self.coalescing_window(), span / 3)
 
     def coalescing_window(self) -> float:
         """Seconds the next round waits at least after this one (see ``_sleep``)."""
