@@ -101,6 +101,10 @@ from scheduler.timers import (
 
 logger = logging.getLogger(__name__)
 
+# Counters' children counted once per fire timer, looked up once (``labels()`` costs ~2 µs).
+_LEASES_SETTLED = metrics.LEASES_CARRIED.labels(outcome="settled")
+_LEASES_WRITTEN = metrics.LEASES_CARRIED.labels(outcome="written")
+
 # Fire-ahead: messages due within this of each other are produced together (at the last one's
 # time), so a batch of spread slots is a few produce calls, not one per slot. A batch of
 # BUSY_RELEASES or more (a busy dispatcher, as the scanner's busy round) is released in
@@ -775,9 +779,9 @@ class Firing:
         timer, or the schedule row's ``done_run``), else written as a lease timer, due at its
         own time."""
         if timer.done_run == lease.run_id or (s is not None and s.done_run == lease.run_id):
-            metrics.LEASES_CARRIED.labels(outcome="settled").inc()
+            _LEASES_SETTLED.inc()
             return
-        metrics.LEASES_CARRIED.labels(outcome="written").inc()
+        _LEASES_WRITTEN.inc()
         plan.next_timers.append(lease.to_timer(self._timers.shard_count))
 
     def _admit(self, s: Schedule, plan: FiringPlan, *, booked: bool) -> tuple[float, bool]:

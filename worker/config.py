@@ -18,6 +18,10 @@ from pathlib import Path
 from worker.errors import ConfigError
 from worker.kafka_security import KafkaSecurity
 
+# A report may wait at most this long for others (a run's ack, its offset commit and a STARTED
+# seen by operators all wait with it).
+MAX_REPORT_INTERVAL = 5.0
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -101,6 +105,10 @@ class WorkerConfig:
     concurrency: int = 64
     # Seconds a run may take when its message carries no max_runtime.
     default_timeout: float = 300.0
+    # Seconds a run event may wait for others before the worker reports them to the API in
+    # one ReportRuns call (worker.reporter; sooner when 500 are waiting). Longer: fewer,
+    # larger calls and grouped writes; the outcome's ack (and the offset commit) comes later.
+    report_interval: float = 0.02
     # Seconds between the automatic heartbeats of a running handler (keeps its lease alive).
     heartbeat_interval: float = 10.0
     # Seconds that running handlers get to finish after SIGTERM before they are cancelled.
@@ -146,6 +154,11 @@ class WorkerConfig:
             raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.default_timeout <= 0:
             raise ConfigError(f"default timeout must be positive, got {self.default_timeout}")
+        if not 0 < self.report_interval <= MAX_REPORT_INTERVAL:
+            raise ConfigError(
+                f"report interval must be above 0 and at most {MAX_REPORT_INTERVAL:g} s, "
+                f"got {self.report_interval}"
+            )
         if self.heartbeat_interval <= 0:
             raise ConfigError(f"heartbeat interval must be positive, got {self.heartbeat_interval}")
         if self.shutdown_grace < 0:
@@ -199,6 +212,7 @@ class WorkerConfig:
             api_ca_file=e.get("CRONSCALE_TLS_CA_FILE", ""),
             concurrency=int(_num("CRONSCALE_WORKER_CONCURRENCY", 64, int)),
             default_timeout=_num("CRONSCALE_WORKER_DEFAULT_TIMEOUT", 300.0, float),
+            report_interval=_num("CRONSCALE_WORKER_REPORT_INTERVAL", 0.02, float),
             heartbeat_interval=_num("CRONSCALE_WORKER_HEARTBEAT_INTERVAL", 10.0, float),
             shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
             revoke_grace=_num("CRONSCALE_WORKER_REVOKE_GRACE", 2.0, float),

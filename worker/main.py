@@ -59,6 +59,7 @@ async def run_worker(
             if config.api_ca_file
             else None
         ),
+        flush_interval=config.report_interval,
         on_retry=on_retry,
     )
     await reporter.start()

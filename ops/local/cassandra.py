@@ -115,6 +115,7 @@ class CassandraService(LocalService):
             "-Dio.netty.allocator.maxOrder=11",
             *(f"--add-exports={module}=ALL-UNNAMED" for module in _ADD_EXPORTS),
             *(f"--add-opens={module}=ALL-UNNAMED" for module in _ADD_OPENS),
+            *s.cassandra_jvm_opts,
             f"-Dcassandra.config={self.yaml_path.as_uri()}",
             f"-Dcassandra.storagedir={s.data_dir(CASSANDRA)}",
             f"-Dcassandra.logdir={s.logs_dir(CASSANDRA)}",

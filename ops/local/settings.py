@@ -33,6 +33,7 @@ ENV_JMX_PORT: Final = "CRONSCALE_LOCAL_JMX_PORT"
 ENV_KAFKA_PORT: Final = "CRONSCALE_LOCAL_KAFKA_PORT"
 ENV_KAFKA_CONTROLLER_PORT: Final = "CRONSCALE_LOCAL_KAFKA_CONTROLLER_PORT"
 ENV_CASSANDRA_HEAP: Final = "CRONSCALE_LOCAL_CASSANDRA_HEAP"
+ENV_CASSANDRA_JVM_OPTS: Final = "CRONSCALE_LOCAL_CASSANDRA_JVM_OPTS"
 ENV_COMMITLOG_SYNC: Final = "CRONSCALE_LOCAL_COMMITLOG_SYNC"
 COMMITLOG_SYNC_MODES: Final = ("periodic", "group")
 ENV_KAFKA_HEAP: Final = "CRONSCALE_LOCAL_KAFKA_HEAP"
@@ -74,6 +75,9 @@ class LocalSettings:
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
     cassandra_heap: str = "1g"
+    # JVM options appended to Cassandra's command line (a later option wins over ours), as
+    # JVM_EXTRA_OPTS does for bin/cassandra: e.g. "-da" or a collector of another kind.
+    cassandra_jvm_opts: tuple[str, ...] = ()
     # "periodic" (Cassandra's default: fast, may lose the last acknowledged writes when the node
     # is killed) or "group" (acknowledged only once the commit log is synced, 10 ms windows).
     commitlog_sync: str = "periodic"
@@ -159,6 +163,7 @@ class LocalSettings:
             kafka_port=integer(ENV_KAFKA_PORT, 9092),
             kafka_controller_port=integer(ENV_KAFKA_CONTROLLER_PORT, 9093),
             cassandra_heap=text(ENV_CASSANDRA_HEAP, "1g"),
+            cassandra_jvm_opts=tuple(source.get(ENV_CASSANDRA_JVM_OPTS, "").split()),
             commitlog_sync=text(ENV_COMMITLOG_SYNC, "periodic"),
             kafka_heap=text(ENV_KAFKA_HEAP, "512m"),
             start_timeout_s=seconds(ENV_START_TIMEOUT, 240.0),

@@ -47,6 +47,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
             "CRONSCALE_LOCAL_CASSANDRA_HEAP": "768m",
             "CRONSCALE_LOCAL_KAFKA_HEAP": "1G",
             "CRONSCALE_LOCAL_START_TIMEOUT": "90",
+            "CRONSCALE_LOCAL_CASSANDRA_JVM_OPTS": " -da  -XX:+UseParallelGC ",
         }
     )
     assert s.home == tmp_path / "home"
@@ -55,6 +56,10 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert (s.kafka_port, s.kafka_controller_port) == (19092, 19093)
     assert (s.cassandra_heap, s.kafka_heap) == ("768m", "1G")
     assert s.start_timeout_s == 90.0
+    # Cassandra's extra JVM options come after the project's own, so they win.
+    assert s.cassandra_jvm_opts == ("-da", "-XX:+UseParallelGC")
+    command = CassandraService(s).command()
+    assert command.index("-da") > command.index("-ea")
     # JMX port 0 means off: not a port to check, not on the command line.
     assert [p.port for p in s.ports("cassandra")] == [19042, 17000]
     assert not any("jmx.local.port" in arg for arg in CassandraService(s).command())

@@ -24,6 +24,7 @@ def test_defaults() -> None:
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (2, 600, 16)
     assert config.group_instance_id == ""
     assert config.commit_stuck == 60
+    assert config.report_interval == 0.02
 
 
 def test_environment_overrides() -> None:
@@ -42,6 +43,7 @@ def test_environment_overrides() -> None:
             "CRONSCALE_WORKER_SYNC_THREADS": "4",
             "CRONSCALE_WORKER_GROUP_INSTANCE_ID": " worker-3 ",
             "CRONSCALE_WORKER_COMMIT_STUCK": "90",
+            "CRONSCALE_WORKER_REPORT_INTERVAL": "0.25",
         }
     )
     assert config.topic == "t1.runs.premium"
@@ -52,12 +54,15 @@ def test_environment_overrides() -> None:
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (0.5, 0, 4)
     assert config.group_instance_id == "worker-3"
     assert config.commit_stuck == 90
+    assert config.report_interval == 0.25
 
 
 @pytest.mark.parametrize(
     ("env", "problem"),
     [
         ({"CRONSCALE_WORKER_CONCURRENCY": "many"}, "CRONSCALE_WORKER_CONCURRENCY must be a number"),
+        ({"CRONSCALE_WORKER_REPORT_INTERVAL": "0"}, "report interval must be above 0"),
+        ({"CRONSCALE_WORKER_REPORT_INTERVAL": "6"}, "above 0 and at most 5 s, got 6"),
         ({"CRONSCALE_WORKER_CONCURRENCY": "0"}, "concurrency must be at least 1"),
         ({"CRONSCALE_WORKER_DEFAULT_TIMEOUT": "-1"}, "default timeout must be positive"),
         ({"CRONSCALE_WORKER_REVOKE_GRACE": "-1"}, "revoke grace must not be negative"),
