@@ -14,7 +14,7 @@ import operator
 import re
 import socket
 import ssl
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -478,85 +478,6 @@ async def write_grouped(
     they are applied atomically.
     """
     await run_bounded(session, grouped_batches(session, items), in_flight=in_flight)
-
-
-class CoalescedWrites:
-    """Grouped writes of several callers sent as one: rows handed within ``window`` seconds of
-    the first (or until ``max_rows`` wait) go out in one ``write``, so rows of one partition
-    handed by different callers are one mutation, not one each.
-
-    For rows that need not land at once: a firing batch's next timers, due a minute later, on
-    the ``(minute, shard)`` partitions every batch touches (64 a batch, a few rows each, when
-    batches are planned every ~100 ms). A caller's :meth:`write` ends when the write that
-    carried its rows ended; if that write failed, the caller writes its own rows alone, so one
-    caller's bad row fails no other (and its own failure is its own write's, as before).
-    Cancelling a caller does not withdraw its rows.
-    """
-
-    def __init__(
-        self,
-        write: Callable[[Sequence[Write]], Coroutine[Any, Any, None]],
-        *,
-        window: float,
-        max_rows: int,
-    ) -> None:
-        self._write = write
-        self._window = window
-        self._max_rows = max_rows
-        self._rows: list[Write] = []
-        self._ended: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._writing: set[asyncio.Task[None]] = set()
-
-    async def write(self, items: Sequence[Write]) -> None:
-        """Writes ``items`` with the other callers' of the window (see the class)."""
-        if not items:
-            return
-        if self._ended is None:
-            loop = asyncio.get_running_loop()
-            self._ended = loop.create_future()
-            self._timer = loop.call_later(self._window, self.flush)
-        ended = self._ended
-        self._rows.extend(items)
-        if len(self._rows) >= self._max_rows:
-            self.flush()
-        try:
-            await asyncio.shield(ended)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            logger.debug("a coalesced write failed (%s); writing %d rows alone", e, len(items))
-            await self._write(items)
-
-    def flush(self) -> None:
-        """Starts writing the rows waiting now."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        rows, ended = self._rows, self._ended
-        self._rows, self._ended = [], None
-        if ended is None:
-            return
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._write(rows))
-        self._writing.add(task)
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._writing.discard(t)
-            if t.cancelled():
-                ended.set_exception(RuntimeError("the coalesced write was cancelled"))
-            elif (error := t.exception()) is not None:
-                ended.set_exception(error)
-            else:
-                ended.set_result(None)
-            # Retrieved here: with every caller cancelled nobody else would.
-            ended.exception()
-
-        task.add_done_callback(done)
-
-    @property
-    def waiting(self) -> int:
-        """Rows handed and not yet being written."""
-        return len(self._rows)
 
 
 def grouped_batches(

@@ -22,9 +22,6 @@ from worker.kafka_security import KafkaSecurity
 # How long before its slot a fire timer is handed (decision 0011): at 100,000 firings a minute
 # on the development box, handler start p50 ~0.10 s against ~0.18 s without, for less CPU.
 DEFAULT_FIRE_AHEAD_MS = 300
-# How long a firing batch's next timers wait for other batches' to be written with them.
-DEFAULT_TIMER_WRITE_WINDOW_MS = 200
-MAX_TIMER_WRITE_WINDOW_MS = 1000
 # Turns per round of each tier when a backlog is dispatched round-robin across tenants.
 DEFAULT_TIER_WEIGHTS = {"free": 1, "standard": 2, "premium": 4}
 
@@ -65,11 +62,6 @@ class Config:
     # (scheduler.firing, decision 0011). 300 ms by default; 0 hands them at their time; at most
     # the scanner's 1 s lookahead.
     fire_ahead_ms: int = DEFAULT_FIRE_AHEAD_MS
-    # A firing batch's next timers (all due more than 10 s on) are written with those of the
-    # batches planned within this long: one mutation of each (minute, shard) partition for
-    # several batches (bucketer.cql.CoalescedWrites). Holds the batch's checkpoint that much
-    # longer; never its messages. 0 writes each batch's alone.
-    timer_write_window_ms: int = DEFAULT_TIMER_WRITE_WINDOW_MS
     # Schedules a dispatcher keeps in memory to fire without reading them
     # (scheduler.schedule_cache), least recently fired evicted first; 0 reads every schedule.
     schedule_cache: int = 200_000
@@ -138,9 +130,6 @@ class Config:
             instance_id=e.get("CRONSCALE_INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             misfire_threshold_s=float(_int("CRONSCALE_MISFIRE_THRESHOLD", 30)),
             fire_ahead_ms=_fire_ahead(_int("CRONSCALE_FIRE_AHEAD_MS", DEFAULT_FIRE_AHEAD_MS)),
-            timer_write_window_ms=_timer_write_window(
-                _int("CRONSCALE_TIMER_WRITE_WINDOW_MS", DEFAULT_TIMER_WRITE_WINDOW_MS)
-            ),
             schedule_cache=_not_negative(
                 "CRONSCALE_SCHEDULE_CACHE", _int("CRONSCALE_SCHEDULE_CACHE", 200_000)
             ),
@@ -235,14 +224,5 @@ def _fire_ahead(ms: int) -> int:
         raise InvalidArgument(
             "CRONSCALE_FIRE_AHEAD_MS",
             f"must be between 0 and {MAX_FIRE_AHEAD_MS} (the scanner's lookahead), got {ms}",
-        )
-    return ms
-
-
-def _timer_write_window(ms: int) -> int:
-    if not 0 <= ms <= MAX_TIMER_WRITE_WINDOW_MS:
-        raise InvalidArgument(
-            "CRONSCALE_TIMER_WRITE_WINDOW_MS",
-            f"must be between 0 and {MAX_TIMER_WRITE_WINDOW_MS}, got {ms}",
         )
     return ms

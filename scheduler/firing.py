@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from aiokafka.errors import KafkaError
 
-from bucketer.cql import TRANSIENT_STORAGE_ERRORS, CoalescedWrites, Write
+from bucketer.cql import TRANSIENT_STORAGE_ERRORS, Write
 from bucketer.model import Timer, micros
 from scheduler import metrics
 from scheduler.backfill import TICK as BACKFILL_TICK
@@ -122,11 +122,6 @@ BUSY_RELEASES = 20
 # missing row, after its generation was minted for a mismatch), then dropped: a deleted
 # schedule's last timer, or the timer of a change whose compare-and-set lost, costs a few
 # rewrites.
-# A batch's next timers are written with other batches' (``timer_write_window``) only if all are
-# due later than this: a timer due sooner is written at once, as the scanners' grace allows.
-COALESCE_AFTER = timedelta(seconds=10)
-# Rows that start a write of next timers at once, however young the window.
-COALESCE_ROWS = 2000
 IN_FLIGHT_RECHECK = timedelta(seconds=2)
 IN_FLIGHT_WAIT = timedelta(seconds=10)
 # How far the API's clock (which mints generations) may be ahead of a dispatcher's: the skew
@@ -491,19 +486,9 @@ class Firing:
         start_lease: timedelta = START_LEASE,
         heartbeat_lease: timedelta = HEARTBEAT_LEASE,
         fire_ahead: timedelta = timedelta(0),
-        timer_write_window: timedelta = timedelta(0),
         cache: ScheduleCache | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        # Next timers due later than COALESCE_AFTER are written with those of the batches
-        # planned within this long (bucketer.cql.CoalescedWrites); 0 writes each batch's alone.
-        self._timer_writes = (
-            CoalescedWrites(
-                runs.write, window=timer_write_window.total_seconds(), max_rows=COALESCE_ROWS
-            )
-            if timer_write_window > timedelta(0)
-            else None
-        )
         self._misfire_threshold = misfire_threshold
         # Fire timers decided without reading their schedules (scheduler.schedule_cache).
         self._cache = cache
@@ -956,14 +941,7 @@ class Firing:
         # Stamped as late as possible: a next timer already due is written at this instant,
         # and must land before the scanners' checkpoints pass it (see the re-put below).
         stamped = self._clock()
-        timer_rows = self._timers.rows(plan.next_timers, now=stamped)
-        # Next timers all due well after now are written with other batches' (one mutation
-        # of each (minute, shard) partition for several batches); the others with the rest.
-        coalesce = self._timer_writes is not None and all(
-            t.fire_time > stamped + COALESCE_AFTER for t in plan.next_timers
-        )
-        if not coalesce:
-            items.extend(timer_rows)
+        items.extend(self._timers.rows(plan.next_timers, now=stamped))
         # Every attempt enqueued holds a lease (scheduler.retries): a timer the API settles
         # when the outcome arrives, checked by a dispatcher only if it does not.
         # Both to the millisecond, as the API reads them back from the worker's echo (and as
@@ -1001,15 +979,7 @@ class Firing:
             )
 
         async def write() -> None:
-            if coalesce and self._timer_writes is not None:
-                if items:
-                    await asyncio.gather(
-                        self._runs.write(items), self._timer_writes.write(timer_rows)
-                    )
-                else:
-                    await self._timer_writes.write(timer_rows)
-            else:
-                await self._runs.write(items)
+            await self._runs.write(items)
             # A next timer already due (the slot fired late) was written at `stamped`: if
             # this took longer than the scanners' grace allows, a checkpoint may have passed
             # that instant before the row landed and the schedule's chain would end there

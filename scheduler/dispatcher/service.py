@@ -99,7 +99,6 @@ async def _dispatch(config: Config, stop: asyncio.Event, status: HealthStatus) -
                 start_lease=timedelta(seconds=config.run_lease_s),
                 heartbeat_lease=timedelta(seconds=config.heartbeat_lease_s),
                 fire_ahead=timedelta(milliseconds=config.fire_ahead_ms),
-                timer_write_window=timedelta(milliseconds=config.timer_write_window_ms),
                 cache=ScheduleCache(schedules, capacity=config.schedule_cache),
             )
             guard = timers.clock_guard

@@ -54,7 +54,6 @@ def firing_on(
     keyspace: str,
     *,
     fire_ahead: timedelta = timedelta(0),
-    timer_write_window: timedelta = timedelta(0),
     cache: ScheduleCache | None = None,
     schedules: ScheduleStore | None = None,
     tenant_quotas: bool = False,
@@ -77,7 +76,6 @@ def firing_on(
             dead_letters=stores.dead_letters, runs=stores.runs, queue=queue, topic=topic
         ),
         fire_ahead=fire_ahead,
-        timer_write_window=timer_write_window,
         cache=cache,
         tenants=CachedDirectory(stores.tenants.limits) if tenant_quotas else None,
         throttle=Throttle() if tenant_quotas else None,

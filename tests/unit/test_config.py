@@ -56,15 +56,6 @@ def test_a_bad_fire_ahead_names_the_variable_and_the_problem(raw: str, problem: 
     assert problem in str(e.value)
 
 
-def test_the_timer_write_window_is_200_ms_by_default_and_0_turns_it_off() -> None:
-    assert Config.from_env({}).timer_write_window_ms == 200
-    assert Config.from_env({"CRONSCALE_TIMER_WRITE_WINDOW_MS": "0"}).timer_write_window_ms == 0
-    with pytest.raises(InvalidArgument) as e:
-        Config.from_env({"CRONSCALE_TIMER_WRITE_WINDOW_MS": "5000"})
-    assert e.value.field == "CRONSCALE_TIMER_WRITE_WINDOW_MS"
-    assert "must be between 0 and 1000, got 5000" in str(e.value)
-
-
 def test_the_schedule_cache_holds_200k_by_default_and_0_turns_it_off() -> None:
     assert Config.from_env({}).schedule_cache == 200_000
     assert Config.from_env({"CRONSCALE_SCHEDULE_CACHE": "0"}).schedule_cache == 0
