@@ -304,8 +304,18 @@ class WheelScanner:
         self.remove_shard(shard)
 
     def remove_shard(self, shard: int) -> None:
-        """Stops serving a shard (released or lost); its unfired timers are the next owner's."""
-        self.shards.pop(shard, None)
+        """Stops serving a shard (released or lost); its unfired timers are the next owner's,
+        and so are the marks on them (to be sent again, strikes towards poison): forgotten
+        here, or they would stay for good (no round meets these timers again)."""
+        p = self.shards.pop(shard, None)
+        if p is None or not (self._resend or self._strikes):
+            return
+        theirs = {
+            pos for pos in (*self._resend, *self._strikes) if pos in p.pending or pos in p.in_flight
+        }
+        self._resend.difference_update(theirs)
+        for pos in theirs:
+            self._strikes.pop(pos, None)
 
     # Loop ---------------------------------------------------------------------------------
 

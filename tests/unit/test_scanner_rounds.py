@@ -367,6 +367,25 @@ def test_a_sending_cancelled_by_its_sender_counts_as_failed() -> None:
     asyncio.run(scenario())
 
 
+def test_a_lost_shard_takes_its_timers_marks_with_it() -> None:
+    # A batch whose sending failed marks its timers to be sent again; the shard lost before
+    # they were handed again leaves no mark behind (no round would ever meet them again).
+    mine = _timer("a-1", 0, MID - timedelta(seconds=2), 1)
+    other = _timer("b-1", 1, MID - timedelta(seconds=1), 2)
+    sends, scanner = _sending_with([mine, other])
+
+    async def scenario() -> None:
+        await scanner.fire_due()
+        sends.open[0].set_exception(ConnectionError("broker gone"))
+        await _turns()
+        assert scanner._resend == {mine.position, other.position}
+        scanner._strikes[mine.position] = 1
+        scanner.remove_shard(0)
+        assert scanner._resend == {other.position} and scanner._strikes == {}
+
+    asyncio.run(scenario())
+
+
 def test_rounds_go_on_while_a_read_waits_for_cassandra() -> None:
     """A read runs beside the rounds: timers already read and falling due are handed while
     the next read still waits for its rows (130-220 ms on a busy box, every tick)."""
