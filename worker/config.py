@@ -17,6 +17,7 @@ from pathlib import Path
 
 from worker.errors import ConfigError
 from worker.kafka_security import KafkaSecurity
+from worker.reporter import FLUSH_INTERVAL
 
 # A report may wait at most this long for others (a run's ack, its offset commit and a STARTED
 # seen by operators all wait with it).
@@ -108,7 +109,7 @@ class WorkerConfig:
     # Seconds a run event may wait for others before the worker reports them to the API in
     # one ReportRuns call (worker.reporter; sooner when 500 are waiting). Longer: fewer,
     # larger calls and grouped writes; the outcome's ack (and the offset commit) comes later.
-    report_interval: float = 0.02
+    report_interval: float = FLUSH_INTERVAL
     # Seconds between the automatic heartbeats of a running handler (keeps its lease alive).
     heartbeat_interval: float = 10.0
     # Seconds that running handlers get to finish after SIGTERM before they are cancelled.
@@ -212,7 +213,7 @@ class WorkerConfig:
             api_ca_file=e.get("CRONSCALE_TLS_CA_FILE", ""),
             concurrency=int(_num("CRONSCALE_WORKER_CONCURRENCY", 64, int)),
             default_timeout=_num("CRONSCALE_WORKER_DEFAULT_TIMEOUT", 300.0, float),
-            report_interval=_num("CRONSCALE_WORKER_REPORT_INTERVAL", 0.02, float),
+            report_interval=_num("CRONSCALE_WORKER_REPORT_INTERVAL", FLUSH_INTERVAL, float),
             heartbeat_interval=_num("CRONSCALE_WORKER_HEARTBEAT_INTERVAL", 10.0, float),
             shutdown_grace=_num("CRONSCALE_WORKER_SHUTDOWN_GRACE", 10.0, float),
             revoke_grace=_num("CRONSCALE_WORKER_REVOKE_GRACE", 2.0, float),

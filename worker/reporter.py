@@ -2,7 +2,7 @@
 
 Every run produces a STARTED and an outcome (SUCCEEDED, FAILED, CANCELLED), so one RPC per event
 would cost a round trip per run. :class:`RunReporter` gathers the events of all concurrent runs
-and sends them in one ``ReportRuns`` call every 20 ms (or as soon as 500 are waiting). An outcome
+and sends them in one ``ReportRuns`` call every 100 ms (or as soon as 500 are waiting). An outcome
 reported while its run's STARTED is still waiting replaces it, carrying the start time: a short
 run costs the API one event, not two. Each ``report()`` resolves only when the API acknowledged
 the batch that carried its event: the consumer commits a Kafka offset only after the run's
@@ -34,7 +34,11 @@ from worker.errors import ReportRejected
 
 logger = logging.getLogger(__name__)
 
-FLUSH_INTERVAL = 0.02
+# How long an event waits for others. Longer than a fire-ahead release slice (100 ms at load),
+# so one call carries a slice's runs rather than a part of it: at 100,000 firings a minute,
+# 100 ms against 20 ms cost the API and Cassandra 0.03-0.05 CPU-ms a firing less
+# (loadtest/README.md, "the worker's report interval"). CRONSCALE_WORKER_REPORT_INTERVAL.
+FLUSH_INTERVAL = 0.1
 MAX_BATCH = 500
 # Per call. Calls fail fast while the API is unreachable and this module's loop retries them,
 # so every retry is visible in the log and in cronscale_worker_report_retries_total.

@@ -24,7 +24,7 @@ def test_defaults() -> None:
     assert (config.revoke_grace, config.new_group_lookback, config.sync_threads) == (2, 600, 16)
     assert config.group_instance_id == ""
     assert config.commit_stuck == 60
-    assert config.report_interval == 0.02
+    assert config.report_interval == 0.1
 
 
 def test_environment_overrides() -> None:
