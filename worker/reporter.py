@@ -34,7 +34,7 @@ from worker.errors import ReportRejected
 
 logger = logging.getLogger(__name__)
 
-# How long an event waits for others. Longer than a fire-ahead release slice (100 ms at load),
+# How long an event waits for others. As long as a fire-ahead release slice (100 ms at load),
 # so one call carries a slice's runs rather than a part of it: at 100,000 firings a minute,
 # 100 ms against 20 ms cost the API 0.01-0.02 CPU-ms a firing less in three pairs of runs, and
 # Cassandra 0.02-0.03 less in two of them (loadtest/README.md, "the worker's report interval").
