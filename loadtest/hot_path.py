@@ -10,6 +10,11 @@ firing. These steps are timed alone, with the process CPU clock, against the loc
 - ``report``: the api's Python for ``--events`` worker reports (a short run's merged
   STARTED+SUCCEEDED, its next fire timer named): decoding each (``event_from_proto``), building
   its run row and the done note on its schedule's next fire timer, and binding both;
+- ``plan``: the dispatcher's Python for a firing batch of ``--events`` fire timers decided from
+  its schedule cache (every-minute cron schedules with a 60 s jitter, the firing benchmark's):
+  decoding each timer (``FireTimer.from_timer``), planning its slot (``plan_fire``: the run,
+  its next fire timer carrying the run in progress), and building the run row, the next timer's
+  row and the run message (not binding them: that is the next step's);
 - ``grouped write``: the dispatcher's grouped write of a firing batch of ``--events`` ENQUEUED
   run rows and next fire timers, bound and batched (``bucketer.cql.grouped_batches``; the
   batches are not sent, so Cassandra's share is not in it);
@@ -55,11 +60,23 @@ from scheduler.api.convert import event_from_proto
 from scheduler.cli.processes import use_fast_event_loop
 from scheduler.config import Config
 from scheduler.credentials import fresh_keys_env
-from scheduler.kafka import KafkaRunQueue, delete_topics, ensure_topics
-from scheduler.model import STALE_RUN, Run, RunStatus, run_id_for
+from scheduler.firing import FiringPlan, plan_fire
+from scheduler.kafka import KafkaRunQueue, delete_topics, ensure_topics, run_message
+from scheduler.model import (
+    STALE_RUN,
+    Run,
+    RunStatus,
+    Schedule,
+    ScheduleSpec,
+    SpecKind,
+    new_generation,
+    run_id_for,
+)
 from scheduler.reports import RunReports
 from scheduler.retries import Failures
 from scheduler.session import Stores, open_stores
+from scheduler.slots import next_slot
+from scheduler.timers import FireTimer
 from worker.config import WorkerConfig
 from worker.consumer import KafkaRunConsumer
 from worker.handlers import HandlerContext, HandlerRegistry
@@ -135,6 +152,53 @@ def time_report(stores: Stores, count: int, repeat: int) -> float:
         rows = stores.runs.event_rows(records, now=now) + reports.settle_rows(records, now)
         for _, statement, params in rows:
             bind(statement, params)
+
+    return 1e6 * third_best(step, repeat) / count
+
+
+def time_plan(stores: Stores, count: int, repeat: int) -> float:
+    """µs of the dispatcher's Python per fire timer planned (see the module's docstring)."""
+    slot = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=2)
+    spec = ScheduleSpec(kind=SpecKind.CRON, cron="* * * * *", jitter=timedelta(seconds=60))
+    shards = stores.timers.shard_count
+    schedules, timers = [], []
+    for _ in range(count):
+        s = Schedule(
+            schedule_id=str(uuid.uuid4()),
+            handler="loadtest.tally",
+            spec=spec,
+            generation=new_generation(),
+            create_time=slot,
+            update_time=slot,
+        )
+        nxt = next_slot(s, slot - timedelta(minutes=1))
+        if nxt is None:
+            raise RuntimeError("an every-minute schedule has no next slot")
+        previous = run_id_for(s.schedule_id, nxt.at - timedelta(minutes=1))
+        fire = FireTimer(
+            schedule_id=s.schedule_id,
+            generation=s.generation,
+            slot=nxt.slot,
+            scheduled_for=nxt.at,
+            fired=5,
+            tenant=s.tenant,
+            running=(previous,),
+        )
+        schedules.append(s)
+        timers.append(fire.to_timer(shards))
+    now = slot + timedelta(seconds=30)
+    lease_at = now + timedelta(minutes=5)
+
+    def step() -> None:
+        plan = FiringPlan()
+        for s, t in zip(schedules, timers, strict=True):
+            plan_fire(s, FireTimer.from_timer(t), now, plan, shards, lease_at=lease_at)
+        stores.runs.insert_rows([run for _s, run in plan.enqueue])
+        stores.timers.rows(plan.next_timers, now=now)
+        for s, run in plan.enqueue:
+            run_message(s, run, lease_at=None, next_fire=plan.note_on.get(run.run_id))
+        if len(plan.enqueue) != count:
+            raise RuntimeError(f"planned {len(plan.enqueue)} runs of {count} timers")
 
     return 1e6 * third_best(step, repeat) / count
 
@@ -315,6 +379,7 @@ async def _run(config: Config, events: int, messages: int, runs: int, repeat: in
     stores = await open_stores(config)
     try:
         print(f"report          {time_report(stores, events, repeat):6.1f} µs an event")
+        print(f"plan            {time_plan(stores, events, repeat):6.1f} µs a firing")
         print(f"grouped write   {time_grouped_write(stores, events, repeat):6.1f} µs a firing")
         if runs:
             passes = await time_runs(stores, config, runs, max(3, repeat // 3))

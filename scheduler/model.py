@@ -23,6 +23,7 @@ from scheduler.timespec import (
     GapPolicy,
     OverlapPolicy,
     TimeSpec,
+    jitter_offset,
     one_shot,
     parse_cron,
     parse_interval,
@@ -34,6 +35,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 _MS = timedelta(milliseconds=1)
+_ZERO = timedelta(0)
 
 
 def millis(d: timedelta) -> int:
@@ -359,18 +361,28 @@ class Schedule:
     # (``FireTimer.running``), not on this row, when its end can be noted on that timer.
     running: tuple[str, ...] = ()
 
+    @cached_property
+    def slot_offset(self) -> timedelta:
+        """How long after each of its slots this schedule fires: its jitter, a stable offset in
+        ``[0, spec.jitter)`` derived from its id (``jitter_offset``). Computed once per
+        instance (a hash of the id, ~3 µs, asked at every slot a dispatcher fires from its
+        schedule cache)."""
+        return jitter_offset(self.schedule_id, self.spec.jitter) if self.spec.jitter else _ZERO
+
     def evolve(self, **changes: Any) -> Schedule:
         """``dataclasses.replace(self, **changes)`` in ~1 µs instead of ~8: a copy of this
         instance's fields with ``changes`` applied, without running ``__init__`` again (a
-        Schedule has no ``__post_init__`` and caches nothing on itself). For paths that build a
-        schedule per item of a batch (``ScheduleService.create_many``); a name that is not a
-        field raises TypeError, as ``replace`` does."""
+        Schedule has no ``__post_init__``; what it caches on itself, ``slot_offset``, is left
+        behind). For paths that build a schedule per item of a batch
+        (``ScheduleService.create_many``); a name that is not a field raises TypeError, as
+        ``replace`` does."""
         unknown = changes.keys() - _SCHEDULE_FIELDS
         if unknown:
             raise TypeError(f"Schedule has no field(s) {', '.join(sorted(unknown))}")
         out = object.__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.__dict__.update(changes)
+        out.__dict__.pop("slot_offset", None)
         return out
 
     @classmethod

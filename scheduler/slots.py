@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from scheduler.model import MisfireMode, Schedule, SchedulePolicies, SkipReason, run_id_for
-from scheduler.timespec import CronSpec, FireTime, jitter_offset
+from scheduler.timespec import CronSpec, FireTime
 
 _TINY = timedelta(microseconds=1)
 # At most this many missed slots are enumerated one by one after an outage; beyond it the
@@ -37,7 +37,7 @@ class Skipped:
 
 
 def jitter_of(s: Schedule) -> timedelta:
-    return jitter_offset(s.schedule_id, s.spec.jitter) if s.spec.jitter else timedelta(0)
+    return s.slot_offset
 
 
 def next_slot(s: Schedule, after: datetime) -> Slot | None:

@@ -131,7 +131,7 @@ class FireTimer:
             tenant=str(doc.get("t", "")),
             lease=lease,
             first=timer.timer_id != timer.key,
-            running=tuple(str(r) for r in doc.get("rn", ())),
+            running=tuple(map(str, doc.get("rn", ()))),
         )
 
 

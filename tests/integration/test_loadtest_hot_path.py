@@ -22,6 +22,7 @@ def test_each_step_prints_its_cost_and_the_keyspace_is_dropped(
     assert keyspace is not None, out
     for step, unit in (
         ("report", "an event"),
+        ("plan", "a firing"),
         ("grouped write", "a firing"),
         ("produce", "a message"),
         ("run", "a run"),

@@ -30,7 +30,7 @@ from scheduler.model import (
     millis,
     to_millisecond,
 )
-from scheduler.timespec import GapPolicy, OverlapPolicy
+from scheduler.timespec import GapPolicy, OverlapPolicy, jitter_offset
 from scheduler.validation import validate_schedule, validate_spec
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -391,3 +391,16 @@ def test_instants_are_cut_to_the_millisecond_as_cassandra_keeps_them() -> None:
     t = datetime(2026, 12, 5, 14, 0, 0, 123_999, tzinfo=UTC)
     assert to_millisecond(t) == datetime(2026, 12, 5, 14, 0, 0, 123_000, tzinfo=UTC)
     assert to_millisecond(to_millisecond(t)) == to_millisecond(t)
+
+
+def test_a_schedules_jitter_offset_is_kept_and_evolve_leaves_it_behind() -> None:
+    """``Schedule.slot_offset`` is computed once per instance; a schedule evolved from it (a
+    new id, a new spec) computes its own."""
+    s = replace(schedule_from_proto(_cron_msg(), now=NOW), schedule_id="a")
+    s = s.evolve(spec=replace(s.spec, jitter=timedelta(minutes=10)))
+    offset = s.slot_offset
+    assert offset == jitter_offset("a", timedelta(minutes=10)) and s.slot_offset is offset
+    renamed = s.evolve(schedule_id="b")
+    assert renamed.slot_offset == jitter_offset("b", timedelta(minutes=10))
+    assert s.evolve(spec=replace(s.spec, jitter=timedelta(0))).slot_offset == timedelta(0)
+    assert renamed == replace(s, schedule_id="b")  # the kept offset is not a field

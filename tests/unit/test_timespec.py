@@ -703,6 +703,26 @@ def test_skipped_between_looks_at_every_year_of_its_span() -> None:
     assert utc_spec.skipped_between(utc("2025-12-01T00:00Z"), utc("2027-01-01T00:00Z")) == []
 
 
+def test_skipped_between_in_one_year_without_a_gap_still_checks_its_instants() -> None:
+    """The answer kept per zone and year comes first only for UTC instants of one year: naive
+    ones are still refused, and an instant at another offset is taken in its UTC year."""
+    utc_spec = parse_cron("30 2 * * *", "UTC", gap=SKIP)
+    assert utc_spec.skipped_between(utc("2026-01-01T00:00Z"), utc("2026-12-31T00:00Z")) == []
+    with pytest.raises(InvalidArgument, match="after"):
+        utc_spec.skipped_between(datetime(2026, 1, 1), utc("2026-02-01T00:00Z"))
+    with pytest.raises(InvalidArgument, match="until"):
+        utc_spec.skipped_between(utc("2026-01-01T00:00Z"), datetime(2026, 2, 1))
+    # Instants at another offset are taken as the UTC ones they are.
+    spec = parse_cron("30 2 * * *", "America/New_York", gap=SKIP)
+    new_york = ZoneInfo("America/New_York")
+    local = (datetime(2027, 1, 1, 0, 30, tzinfo=new_york), datetime(2027, 12, 1, tzinfo=new_york))
+    assert (
+        spec.skipped_between(*local)
+        == spec.skipped_between(*(t.astimezone(UTC) for t in local))
+        == [(datetime(2027, 3, 14, 2, 30), NOTE_GAP_SKIPPED)]
+    )
+
+
 def test_parsed_specs_and_next_slots_are_cached() -> None:
     spec = parse_cron("0 0 * * *", "America/New_York")
     assert parse_cron("0 0 * * *", "America/New_York") is spec
