@@ -217,14 +217,12 @@ class CronSpec:
         with the reason ``NOTE_GAP_SKIPPED``, so a caller can record it instead of losing it.
         """
         skipped: list[tuple[datetime, str]] = []
-        if self.gap is not GapPolicy.SKIP:
-            return skipped
         if (
-            after.year == until.year
-            and _FIRST_YEAR <= after.year <= _LAST_YEAR
-            and after.tzinfo is UTC
+            after.tzinfo is UTC
             and until.tzinfo is UTC
-            and not _has_gap(self.zone, after.year)
+            and after.year == until.year
+            and _FIRST_YEAR <= after.year <= _LAST_YEAR
+            and (self.gap is not GapPolicy.SKIP or not _has_gap(self.zone, after.year))
         ):
             # Asked at every slot a dispatcher fires: answered from the zone-year's one answer
             # (UTC, or no spring-forward this year) before any other work. Instants in UTC
@@ -232,7 +230,7 @@ class CronSpec:
             return skipped
         start = max(_require_aware(after, "after").replace(tzinfo=None), _FIRST_WALL)
         stop = _require_aware(until, "until").replace(tzinfo=None)
-        if start.year > _LAST_YEAR:
+        if self.gap is not GapPolicy.SKIP or start.year > _LAST_YEAR:
             return skipped
         if not any(
             _has_gap(self.zone, year) for year in range(start.year, min(stop.year, _LAST_YEAR) + 1)

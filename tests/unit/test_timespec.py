@@ -712,6 +712,16 @@ def test_skipped_between_in_one_year_without_a_gap_still_checks_its_instants() -
         utc_spec.skipped_between(datetime(2026, 1, 1), utc("2026-02-01T00:00Z"))
     with pytest.raises(InvalidArgument, match="until"):
         utc_spec.skipped_between(utc("2026-01-01T00:00Z"), datetime(2026, 2, 1))
+    with pytest.raises(InvalidArgument, match="after"):  # whatever the gap policy
+        parse_cron("30 2 * * *", "UTC", gap=SHIFT).skipped_between(
+            datetime(2026, 1, 1), utc("2026-02-01T00:00Z")
+        )
+    assert (
+        parse_cron("30 2 * * *", "America/New_York", gap=SHIFT).skipped_between(
+            utc("2026-03-01T00:00Z"), utc("2026-03-31T00:00Z")
+        )
+        == []
+    )  # SHIFT drops no wall time
     # Instants at another offset are taken as the UTC ones they are.
     spec = parse_cron("30 2 * * *", "America/New_York", gap=SKIP)
     new_york = ZoneInfo("America/New_York")
