@@ -82,7 +82,7 @@ from scheduler.model import (
     parse_run_id,
     run_id_for,
 )
-from scheduler.slots import jitter_of, next_slot
+from scheduler.slots import next_slot
 from scheduler.timers import FireTimer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -462,7 +462,7 @@ def account(
     first_minute = lo.replace(second=0, microsecond=0) - timedelta(minutes=1)
     minutes = int((hi - first_minute).total_seconds() // 60) + 1
     for s in schedules:
-        offset = jitter_of(s)
+        offset = s.slot_offset
         for m in range(minutes):
             at = first_minute + timedelta(minutes=m) + offset
             if lo <= at < hi:

@@ -35,7 +35,6 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 _MS = timedelta(milliseconds=1)
-_ZERO = timedelta(0)
 
 
 def millis(d: timedelta) -> int:
@@ -367,7 +366,7 @@ class Schedule:
         ``[0, spec.jitter)`` derived from its id (``jitter_offset``). Computed once per
         instance (a hash of the id, ~3 µs, asked at every slot a dispatcher fires from its
         schedule cache)."""
-        return jitter_offset(self.schedule_id, self.spec.jitter) if self.spec.jitter else _ZERO
+        return jitter_offset(self.schedule_id, self.spec.jitter)
 
     def evolve(self, **changes: Any) -> Schedule:
         """``dataclasses.replace(self, **changes)`` in ~1 µs instead of ~8: a copy of this

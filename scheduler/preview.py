@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from scheduler.errors import InvalidArgument
 from scheduler.model import RunStatus, Schedule, ScheduleSpec, ScheduleState, SpecKind
 from scheduler.service import ScheduleService
-from scheduler.slots import Slot, dst_skips, jitter_of, next_slot
+from scheduler.slots import Slot, dst_skips, next_slot
 from scheduler.timespec import CronSpec, load_zone
 from scheduler.validation import LAST_INSTANT, validate_spec
 
@@ -101,7 +101,7 @@ def preview(
     if spec.max_runs:
         limit = min(limit, max(0, spec.max_runs - fired))
     # A slot fires at slot + offset, so it is after `after` exactly when slot > after - offset.
-    cursor = after - jitter_of(s)
+    cursor = after - s.slot_offset
     if chain_start is not None:
         cursor = max(cursor, chain_start)
     slots: list[Slot] = []

@@ -45,7 +45,6 @@ from scheduler.model import (
 )
 from scheduler.slots import (
     MAX_ENUMERATED_MISSES,
-    jitter_of,
     next_slot,
     plan_misfire,
     slots_between,
@@ -316,7 +315,7 @@ class ScheduleService:
             return s
         # A slot fires at slot + the schedule's offset: the next one to fire is the first slot
         # after now - offset (preview's rule), not the first slot after now.
-        nxt = self.first_fire(s, now - jitter_of(s))
+        nxt = self.first_fire(s, now - s.slot_offset)
         return replace(s, next_fire_time=nxt.scheduled_for if nxt else None)
 
     async def list_page(

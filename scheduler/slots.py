@@ -36,10 +36,6 @@ class Skipped:
     reason: str
 
 
-def jitter_of(s: Schedule) -> timedelta:
-    return s.slot_offset
-
-
 def next_slot(s: Schedule, after: datetime) -> Slot | None:
     """The schedule's first slot strictly after ``after`` inside its start/end bounds."""
     spec = s.spec
@@ -48,7 +44,7 @@ def next_slot(s: Schedule, after: datetime) -> Slot | None:
     nxt: FireTime | None = spec.timespec.next_after(after)
     if nxt is None or (spec.end_time is not None and nxt.utc > spec.end_time):
         return None
-    return Slot(slot=nxt.utc, at=nxt.utc + jitter_of(s), note=nxt.note)
+    return Slot(slot=nxt.utc, at=nxt.utc + s.slot_offset, note=nxt.note)
 
 
 def slots_between(s: Schedule, after: datetime, until: datetime, limit: int) -> list[Slot]:
