@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import struct
@@ -89,20 +90,29 @@ def taken_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each socket stays bound until all are chosen (bound and
+    closed one at a time, the kernel may hand out the same port twice, which the settings then
+    refuse as configured twice)."""
+    with contextlib.ExitStack() as held:
+        socks = [
+            held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            for _ in range(count)
+        ]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def test_a_taken_port_is_named_with_its_variable(tmp_path: Path, taken_port: int) -> None:
+    storage, kafka, controller = _free_ports(3)
     settings = LocalSettings(
         home=tmp_path,
         cql_port=taken_port,
-        storage_port=_free_port(),
+        storage_port=storage,
         jmx_port=0,
-        kafka_port=_free_port(),
-        kafka_controller_port=_free_port(),
+        kafka_port=kafka,
+        kafka_controller_port=controller,
     )
     with pytest.raises(LocalStackError) as caught:
         check_ports(settings)
@@ -115,13 +125,14 @@ def test_a_taken_port_is_named_with_its_variable(tmp_path: Path, taken_port: int
 
 
 def test_free_ports_pass(tmp_path: Path) -> None:
+    cql, storage, jmx, kafka, controller = _free_ports(5)
     settings = LocalSettings(
         home=tmp_path,
-        cql_port=_free_port(),
-        storage_port=_free_port(),
-        jmx_port=_free_port(),
-        kafka_port=_free_port(),
-        kafka_controller_port=_free_port(),
+        cql_port=cql,
+        storage_port=storage,
+        jmx_port=jmx,
+        kafka_port=kafka,
+        kafka_controller_port=controller,
     )
     check_ports(settings)
 
