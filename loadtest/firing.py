@@ -16,6 +16,8 @@ run for ``--minutes`` after a warm-up minute, and measures:
   so CPU milliseconds per firing.
 - Cassandra's own count of its operations per firing, by table, and the node's compactions
   that ended in the window (loadtest.table_ops);
+- Cassandra's and Kafka's CPU by thread (loadtest.threads: the collector's, the JIT's and the
+  kernel's share, which a JVM's sampling profile does not see);
 - the box's own speed beside the run: CPU time of a fixed workload (loadtest.canary);
 - with ``--profile``, py-spy and JFR profiles of the window (loadtest.profiling).
 
@@ -65,6 +67,7 @@ from loadtest.table_ops import (
     table_counts,
 )
 from loadtest.tally import ENV_DIR, Execution, read_tallies
+from loadtest.threads import by_group, thread_cpu, thread_line
 from ops.local import LocalSettings
 from ops.migrate import migrate
 from scheduler.cassandra import CassandraRunStore, CassandraScheduleStore
@@ -745,6 +748,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         ops0 = _ops(cql, config.keyspace)  # Cassandra's own counts (loadtest.table_ops)
         measured_from = datetime.now(UTC)
         cpu0 = cpu_now()
+        # The JVMs' CPU by thread (loadtest.threads): collector, JIT and kernel time included.
+        threads0 = {svc: thread_cpu(pids[svc]) for svc in ("cassandra", "kafka")}
         fired0, cache0 = counts()
         wall0 = time.monotonic()
         # Every measured process's CPU once a second, for the figures.
@@ -771,6 +776,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             samples.append((time.time(), cpu_now()))
         wall = time.monotonic() - wall0
         cpu1 = cpu_now()
+        threads = {svc: by_group(t0, thread_cpu(pids[svc])) for svc, t0 in threads0.items()}
         profiled = profiler.finish() if profiler is not None else []
         relay_cpu = sum(cpu_seconds(pid) for pid in relays) - relay0
         rss = {n: _rss_mib(pid) for n, pid in pids.items() if killed_at is None or n not in remote}
@@ -937,6 +943,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         compactions_line(compacted, keyspace=config.keyspace)
         if compacted is not None
         else "- Cassandra's compactions: unread",
+        thread_line("Cassandra", threads["cassandra"], fired),
+        thread_line("Kafka", threads["kafka"], fired),
         f"- the box's speed (`loadtest.canary`: a fixed pure-Python unit every "
         f"{DEFAULT_EVERY_S:g} s, CPU µs a unit; higher is a slower box): median "
         f"{speed.median_us:,.0f}, p90 {speed.p90_us:,.0f} over the window's {speed.samples} "
@@ -1002,6 +1010,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "after_enqueue_s": {"p50": pct(waits, 0.5), "p99": pct(waits, 0.99)},
         "cpu_s": cpu,
+        "cpu_s_by_thread": {
+            svc: {g: {"user": round(c.user, 2), "system": round(c.system, 2)} for g, c in t.items()}
+            for svc, t in threads.items()
+        },
         "cpu_ms_per_firing": per_firing,
         "cpu_ms_per_firing_total": sum(per_firing.values()),
         "registration_per_s": reg_rate,
