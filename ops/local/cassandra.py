@@ -92,6 +92,12 @@ class CassandraService(LocalService):
         )
         self._copy("logback.xml")
 
+    @property
+    def timer_slack_ns(self) -> int:
+        """``cassandra_timer_slack_us`` (see LocalSettings): fewer idle wake-ups of the node's
+        request threads."""
+        return self.settings.cassandra_timer_slack_us * 1000
+
     def command(self) -> list[str]:
         """The JVM command line: what bin/cassandra would run, for Java 17, in the foreground."""
         s = self.settings

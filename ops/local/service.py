@@ -87,6 +87,11 @@ class LocalService(abc.ABC):
         Raises :class:`~ops.local.errors.LocalStackError` when preparation fails.
         """
 
+    @property
+    def timer_slack_ns(self) -> int:
+        """The timer slack the server is launched with (ns; 0: the launching process's)."""
+        return 0
+
     @abc.abstractmethod
     def command(self) -> list[str]:
         """The full ``java ...`` command line that runs the server in the foreground."""

@@ -34,6 +34,9 @@ ENV_KAFKA_PORT: Final = "CRONSCALE_LOCAL_KAFKA_PORT"
 ENV_KAFKA_CONTROLLER_PORT: Final = "CRONSCALE_LOCAL_KAFKA_CONTROLLER_PORT"
 ENV_CASSANDRA_HEAP: Final = "CRONSCALE_LOCAL_CASSANDRA_HEAP"
 ENV_CASSANDRA_JVM_OPTS: Final = "CRONSCALE_LOCAL_CASSANDRA_JVM_OPTS"
+ENV_CASSANDRA_TIMER_SLACK_US: Final = "CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US"
+# The most a timed wait of the local Cassandra may be stretched by (µs): a tenth of a second.
+MAX_TIMER_SLACK_US: Final = 100_000
 ENV_COMMITLOG_SYNC: Final = "CRONSCALE_LOCAL_COMMITLOG_SYNC"
 COMMITLOG_SYNC_MODES: Final = ("periodic", "group")
 ENV_KAFKA_HEAP: Final = "CRONSCALE_LOCAL_KAFKA_HEAP"
@@ -78,6 +81,14 @@ class LocalSettings:
     # JVM options appended to Cassandra's command line (a later option wins over ours), as
     # JVM_EXTRA_OPTS does for bin/cassandra: e.g. "-da" or a collector of another kind.
     cassandra_jvm_opts: tuple[str, ...] = ()
+    # The timer slack of Cassandra's threads (µs; 0: the kernel's, 50 µs): how much later than
+    # asked the kernel may end their timed waits, to group wake-ups. Between requests the
+    # node's request threads spin in parks of ~10 µs each for up to 10 ms (its shared executor
+    # pool, SEPWorker); at the kernel's 50 µs that was ~20,000 context switches a second at
+    # 100,000 firings a minute, a third of the node's CPU on this 2-core box (loadtest/README.md,
+    # "Cassandra's request threads waking for nothing"). Wake-ups for work are not delayed:
+    # a request unparks a thread directly.
+    cassandra_timer_slack_us: int = 1000
     # "periodic" (Cassandra's default: fast, may lose the last acknowledged writes when the node
     # is killed) or "group" (acknowledged only once the commit log is synced, 10 ms windows).
     commitlog_sync: str = "periodic"
@@ -107,6 +118,11 @@ class LocalSettings:
             raise LocalStackError(
                 f"{ENV_COMMITLOG_SYNC} must be one of {', '.join(COMMITLOG_SYNC_MODES)} "
                 f"(got {self.commitlog_sync!r})"
+            )
+        if not 0 <= self.cassandra_timer_slack_us <= MAX_TIMER_SLACK_US:
+            raise LocalStackError(
+                f"{ENV_CASSANDRA_TIMER_SLACK_US} must be between 0 and {MAX_TIMER_SLACK_US} "
+                f"microseconds (got {self.cassandra_timer_slack_us})"
             )
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise LocalStackError("start and stop timeouts must be positive")
@@ -164,6 +180,7 @@ class LocalSettings:
             kafka_controller_port=integer(ENV_KAFKA_CONTROLLER_PORT, 9093),
             cassandra_heap=text(ENV_CASSANDRA_HEAP, "1g"),
             cassandra_jvm_opts=tuple(source.get(ENV_CASSANDRA_JVM_OPTS, "").split()),
+            cassandra_timer_slack_us=integer(ENV_CASSANDRA_TIMER_SLACK_US, 1000),
             commitlog_sync=text(ENV_COMMITLOG_SYNC, "periodic"),
             kafka_heap=text(ENV_KAFKA_HEAP, "512m"),
             start_timeout_s=seconds(ENV_START_TIMEOUT, 240.0),

@@ -211,6 +211,7 @@ def _up_locked(settings: LocalSettings, out: Output) -> UpResult:
                 service.command(),
                 log_path=service.console_log,
                 cwd=settings.service_dir(service.name),
+                timer_slack_ns=service.timer_slack_ns,
             )
             process.write_pid_file(service.pid_file, PidRecord(pid=proc.pid, port=service.port))
             logger.info("launched %s as pid %s", service.name, proc.pid)

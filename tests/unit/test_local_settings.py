@@ -16,7 +16,15 @@ from ops.local.cassandra import CassandraService
 from ops.local.kafka import KafkaService, _decode_metadata, random_cluster_id
 from ops.local.maven import MARKER_NAME, lib_complete
 from ops.local.prereqs import check_java, parse_java_major
-from ops.local.process import PidRecord, read_pid_file, tail, write_pid_file
+from ops.local.process import (
+    PidRecord,
+    current_timer_slack,
+    launch,
+    read_pid_file,
+    tail,
+    timer_slack,
+    write_pid_file,
+)
 from ops.local.settings import REPO_ROOT
 
 
@@ -28,6 +36,9 @@ def test_defaults_from_an_empty_environment() -> None:
     assert (s.kafka_port, s.kafka_controller_port) == (9092, 9093)
     assert (s.cassandra_heap, s.kafka_heap) == ("1g", "512m")
     assert s.start_timeout_s == 240.0
+    assert s.cassandra_timer_slack_us == 1000
+    assert CassandraService(s).timer_slack_ns == 1_000_000
+    assert KafkaService(s).timer_slack_ns == 0  # the launching process's
     assert s.lib_dir("cassandra") == s.home / "lib" / "cassandra-5.0.8"
     assert s.lib_dir("kafka") == s.home / "lib" / "kafka-4.3.1"
     assert s.pid_file("kafka") == s.home / "run" / "kafka.pid"
@@ -49,6 +60,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
             "CRONSCALE_LOCAL_KAFKA_HEAP": "1G",
             "CRONSCALE_LOCAL_START_TIMEOUT": "90",
             "CRONSCALE_LOCAL_CASSANDRA_JVM_OPTS": " -da  -XX:+UseParallelGC ",
+            "CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US": "0",
         }
     )
     assert s.home == tmp_path / "home"
@@ -59,6 +71,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.start_timeout_s == 90.0
     # Cassandra's extra JVM options come after the project's own, so they win.
     assert s.cassandra_jvm_opts == ("-da", "-XX:+UseParallelGC")
+    assert CassandraService(s).timer_slack_ns == 0
     command = CassandraService(s).command()
     assert command.index("-da") > command.index("-ea")
     # JMX port 0 means off: not a port to check, not on the command line.
@@ -75,6 +88,19 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         ({"CRONSCALE_LOCAL_KAFKA_HEAP": "lots"}, "invalid kafka heap 'lots'"),
         ({"CRONSCALE_LOCAL_START_TIMEOUT": "-1"}, "CRONSCALE_LOCAL_START_TIMEOUT must be positive"),
         ({"CRONSCALE_CASSANDRA_VERSION": "5.0.8; rm"}, "invalid cassandra version"),
+        (
+            {"CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US": "1ms"},
+            r"CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US must be an integer \(got '1ms'\)",
+        ),
+        (
+            {"CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US": "-1"},
+            r"CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US must be between 0 and 100000 "
+            r"microseconds \(got -1\)",
+        ),
+        (
+            {"CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US": "100001"},
+            r"must be between 0 and 100000 microseconds \(got 100001\)",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None:
@@ -259,3 +285,36 @@ def test_format_status_says_why_a_service_is_down() -> None:
     assert first.startswith("cassandra  down (process 4242 exited)")
     assert "pid 4242" in first and first.endswith("port 9042")
     assert second.startswith("kafka      up (cluster abc)")
+
+
+def test_a_server_is_launched_with_its_timer_slack_and_ours_is_put_back(tmp_path: Path) -> None:
+    ours = current_timer_slack()
+    log = tmp_path / "slack.log"
+    # The child reports its own slack, and a process it starts inherits it (so do threads).
+    proc = launch(
+        ["sh", "-c", "cat /proc/self/timerslack_ns; (cat /proc/self/timerslack_ns)"],
+        log_path=log,
+        cwd=tmp_path,
+        timer_slack_ns=750_000,
+    )
+    assert proc.wait(timeout=30) == 0
+    assert log.read_text().split() == ["750000", "750000"]
+    assert current_timer_slack() == ours
+    # 0: the child keeps the launching thread's.
+    proc = launch(["cat", "/proc/self/timerslack_ns"], log_path=log, cwd=tmp_path)
+    assert proc.wait(timeout=30) == 0
+    assert log.read_text().split() == [str(ours)]
+
+
+def test_the_timer_slack_is_put_back_when_the_launch_fails(tmp_path: Path) -> None:
+    ours = current_timer_slack()
+    with pytest.raises(FileNotFoundError):
+        launch(
+            [str(tmp_path / "no-such-server")],
+            log_path=tmp_path / "x.log",
+            cwd=tmp_path,
+            timer_slack_ns=2_000_000,
+        )
+    assert current_timer_slack() == ours
+    with timer_slack(0):
+        assert current_timer_slack() == ours
