@@ -77,7 +77,8 @@ def _prctl(option: int, value: int = 0) -> int:
 
 
 def current_timer_slack() -> int:
-    """This thread's timer slack, in nanoseconds (OSError where prctl has none)."""
+    """This thread's timer slack, in nanoseconds (OSError, or AttributeError where the C library
+    has no prctl: not Linux)."""
     return _prctl(_PR_GET_TIMERSLACK)
 
 

@@ -65,33 +65,35 @@ def test_the_report_line_gives_cpu_ms_per_firing_and_the_kernel_share() -> None:
 
 
 def test_a_busy_thread_of_this_process_shows_its_cpu() -> None:
-    started = threading.Event()
+    started, spun, release = threading.Event(), threading.Event(), threading.Event()
     tid: list[int] = []
 
     def spin() -> None:
         tid.append(threading.get_native_id())
         started.set()
-        end = time.process_time() + 0.3
-        while time.process_time() < end:
+        # Its own CPU (thread_time): the process's other threads do not shorten the spin.
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
             pass
+        spun.set()
+        release.wait()
 
     worker = threading.Thread(target=spin)
     worker.start()
-    started.wait()
-    before = thread_cpu(os.getpid())
-    worker.join()
-    # An ended thread leaves /proc: read while it is gone, its CPU is not counted.
-    assert not any(key.endswith(f"/{tid[0]}") for key in thread_cpu(os.getpid()))
-    assert any(key.endswith(f"/{tid[0]}") for key in before)
-    main = threading.get_native_id()
-    t0 = thread_cpu(os.getpid())
-    end = time.process_time() + 0.3
-    while time.process_time() < end:
-        pass
-    t1 = thread_cpu(os.getpid())
-    key = next(k for k in t1 if k.endswith(f"/{main}"))
-    assert t1[key].total - t0[key].total >= 0.2
-    assert sum(g.total for g in by_group(t0, t1).values()) >= 0.2
+    try:
+        started.wait()
+        before = thread_cpu(os.getpid())
+        spun.wait()
+        during = thread_cpu(os.getpid())
+    finally:
+        release.set()
+        worker.join()
+    key = next(k for k in during if k.endswith(f"/{tid[0]}"))
+    assert key in before
+    assert during[key].total - before[key].total >= 0.2
+    assert sum(g.total for g in by_group(before, during).values()) >= 0.2
+    # An ended thread leaves /proc: read once it is gone, its CPU is not counted.
+    assert not any(k.endswith(f"/{tid[0]}") for k in thread_cpu(os.getpid()))
 
 
 def test_a_process_that_is_gone_has_no_threads() -> None:
