@@ -65,27 +65,30 @@ def test_the_report_line_gives_cpu_ms_per_firing_and_the_kernel_share() -> None:
 
 
 def test_a_busy_thread_of_this_process_shows_its_cpu() -> None:
-    started, spun, release = threading.Event(), threading.Event(), threading.Event()
+    started, go, spun, release = (threading.Event() for _ in range(4))
     tid: list[int] = []
 
     def spin() -> None:
         tid.append(threading.get_native_id())
         started.set()
+        go.wait()  # read once before it spins
         # Its own CPU (thread_time): the process's other threads do not shorten the spin.
         end = time.thread_time() + 0.3
         while time.thread_time() < end:
             pass
         spun.set()
-        release.wait()
+        release.wait()  # and once more before it ends
 
     worker = threading.Thread(target=spin)
     worker.start()
     try:
         started.wait()
         before = thread_cpu(os.getpid())
+        go.set()
         spun.wait()
         during = thread_cpu(os.getpid())
     finally:
+        go.set()
         release.set()
         worker.join()
     key = next(k for k in during if k.endswith(f"/{tid[0]}"))
