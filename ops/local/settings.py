@@ -37,6 +37,11 @@ ENV_CASSANDRA_JVM_OPTS: Final = "CRONSCALE_LOCAL_CASSANDRA_JVM_OPTS"
 ENV_CASSANDRA_TIMER_SLACK_US: Final = "CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US"
 # The most a timed wait of the local Cassandra may be stretched by (µs): a tenth of a second.
 MAX_TIMER_SLACK_US: Final = 100_000
+# 4 ms: at 100,000 firings a minute on the 2-core box, Cassandra's request threads switched
+# ~20,000 times a second at the kernel's 50 µs, 3,900-5,200 at 1 ms, 2,200-3,200 at 4 ms
+# (loadtest/README.md, "Cassandra's request threads waking for nothing" and "The targets again
+# with the timer slack").
+DEFAULT_CASSANDRA_TIMER_SLACK_US: Final = 4000
 ENV_COMMITLOG_SYNC: Final = "CRONSCALE_LOCAL_COMMITLOG_SYNC"
 COMMITLOG_SYNC_MODES: Final = ("periodic", "group")
 ENV_KAFKA_HEAP: Final = "CRONSCALE_LOCAL_KAFKA_HEAP"
@@ -88,7 +93,7 @@ class LocalSettings:
     # 100,000 firings a minute, a third of the node's CPU on this 2-core box (loadtest/README.md,
     # "Cassandra's request threads waking for nothing"). Wake-ups for work are not delayed:
     # a request unparks a thread directly.
-    cassandra_timer_slack_us: int = 1000
+    cassandra_timer_slack_us: int = DEFAULT_CASSANDRA_TIMER_SLACK_US
     # "periodic" (Cassandra's default: fast, may lose the last acknowledged writes when the node
     # is killed) or "group" (acknowledged only once the commit log is synced, 10 ms windows).
     commitlog_sync: str = "periodic"
@@ -180,7 +185,9 @@ class LocalSettings:
             kafka_controller_port=integer(ENV_KAFKA_CONTROLLER_PORT, 9093),
             cassandra_heap=text(ENV_CASSANDRA_HEAP, "1g"),
             cassandra_jvm_opts=tuple(source.get(ENV_CASSANDRA_JVM_OPTS, "").split()),
-            cassandra_timer_slack_us=integer(ENV_CASSANDRA_TIMER_SLACK_US, 1000),
+            cassandra_timer_slack_us=integer(
+                ENV_CASSANDRA_TIMER_SLACK_US, DEFAULT_CASSANDRA_TIMER_SLACK_US
+            ),
             commitlog_sync=text(ENV_COMMITLOG_SYNC, "periodic"),
             kafka_heap=text(ENV_KAFKA_HEAP, "512m"),
             start_timeout_s=seconds(ENV_START_TIMEOUT, 240.0),

@@ -36,8 +36,8 @@ def test_defaults_from_an_empty_environment() -> None:
     assert (s.kafka_port, s.kafka_controller_port) == (9092, 9093)
     assert (s.cassandra_heap, s.kafka_heap) == ("1g", "512m")
     assert s.start_timeout_s == 240.0
-    assert s.cassandra_timer_slack_us == 1000
-    assert CassandraService(s).timer_slack_ns == 1_000_000
+    assert s.cassandra_timer_slack_us == 4000
+    assert CassandraService(s).timer_slack_ns == 4_000_000
     assert KafkaService(s).timer_slack_ns == 0  # the launching process's
     assert s.lib_dir("cassandra") == s.home / "lib" / "cassandra-5.0.8"
     assert s.lib_dir("kafka") == s.home / "lib" / "kafka-4.3.1"
