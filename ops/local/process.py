@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import logging
 import os
 import signal
@@ -67,9 +68,13 @@ _PR_SET_TIMERSLACK: Final = 29
 _PR_GET_TIMERSLACK: Final = 30
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _prctl(option: int, value: int = 0) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    result = int(libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0))
+    result = int(_libc().prctl(option, ctypes.c_ulong(value), 0, 0, 0))
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}): {os.strerror(err)}")

@@ -37,10 +37,7 @@ ENV_CASSANDRA_JVM_OPTS: Final = "CRONSCALE_LOCAL_CASSANDRA_JVM_OPTS"
 ENV_CASSANDRA_TIMER_SLACK_US: Final = "CRONSCALE_LOCAL_CASSANDRA_TIMER_SLACK_US"
 # The most a timed wait of the local Cassandra may be stretched by (µs): a tenth of a second.
 MAX_TIMER_SLACK_US: Final = 100_000
-# 4 ms: at 100,000 firings a minute on the 2-core box, Cassandra's request threads switched
-# ~20,000 times a second at the kernel's 50 µs, 3,900-5,200 at 1 ms, 2,200-3,200 at 4 ms
-# (loadtest/README.md, "Cassandra's request threads waking for nothing" and "The targets again
-# with the timer slack").
+# Why 4 ms: see LocalSettings.cassandra_timer_slack_us.
 DEFAULT_CASSANDRA_TIMER_SLACK_US: Final = 4000
 ENV_COMMITLOG_SYNC: Final = "CRONSCALE_LOCAL_COMMITLOG_SYNC"
 COMMITLOG_SYNC_MODES: Final = ("periodic", "group")
@@ -90,9 +87,10 @@ class LocalSettings:
     # asked the kernel may end their timed waits, to group wake-ups. Between requests the
     # node's request threads spin in parks of ~10 µs each for up to 10 ms (its shared executor
     # pool, SEPWorker); at the kernel's 50 µs that was ~20,000 context switches a second at
-    # 100,000 firings a minute, a third of the node's CPU on this 2-core box (loadtest/README.md,
-    # "Cassandra's request threads waking for nothing"). Wake-ups for work are not delayed:
-    # a request unparks a thread directly.
+    # 100,000 firings a minute, a third of the node's CPU on this 2-core box; 3,900-5,200 at
+    # 1 ms, 2,200-3,200 at 4 ms (loadtest/README.md, "Cassandra's request threads waking for
+    # nothing" and "The targets again with the timer slack"). Wake-ups for work are not
+    # delayed: a request unparks a thread directly.
     cassandra_timer_slack_us: int = DEFAULT_CASSANDRA_TIMER_SLACK_US
     # "periodic" (Cassandra's default: fast, may lose the last acknowledged writes when the node
     # is killed) or "group" (acknowledged only once the commit log is synced, 10 ms windows).
