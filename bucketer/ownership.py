@@ -4,7 +4,8 @@ Balancing is by counting peers: every member heartbeats into one small partition
 how many share the shards and aims at ceil(shards / members). It claims free or expired shards
 (one LWT bumping the epoch), renews its own, and releases extras when peers join. A member that
 stops renewing loses its shards when their leases end; fencing by epoch makes a late former
-owner harmless.
+owner harmless. A renewal also records the shard's progress (its checkpoints, from a
+``CheckpointSource``: the scanner), in the same LWT.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from bucketer.cassandra import CassandraTimerStore, LostOwnership
-from bucketer.model import ShardLease
+from bucketer.model import Checkpoint, ShardLease
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,18 @@ LEASE_MARGIN = timedelta(seconds=2)
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class CheckpointSource(Protocol):
+    """The progress a lease renewal records with the lease (``bucketer.scanner.WheelScanner``)."""
+
+    def take_checkpoints(self, shard: int, epoch: int) -> list[Checkpoint]:
+        """The shard's checkpoints not yet written; they count as written from now on."""
+        ...
+
+    def restore_checkpoints(self, shard: int, epoch: int, taken: Sequence[Checkpoint]) -> None:
+        """Gives back what ``take_checkpoints`` returned, for a renewal that failed."""
+        ...
 
 
 class ShardOwnership:
@@ -50,8 +64,13 @@ class ShardOwnership:
         lease: timedelta = timedelta(seconds=10),
         cycle: timedelta = timedelta(seconds=2),
         clock: Clock = _utcnow,
+        checkpoints: CheckpointSource | None = None,
     ) -> None:
         self._store = store
+        # Each renewal of a shard's lease carries the checkpoints its scanner moved since the
+        # last one: one LWT every cycle for both, not one for each (an LWT costs Cassandra
+        # ~3.5 times a plain write, loadtest/README.md).
+        self._checkpoints = checkpoints
         self.instance = instance
         self._on_gain = on_gain
         self._on_loss = on_loss
@@ -147,8 +166,10 @@ class ShardOwnership:
         started = time.monotonic()
 
         async def renew(lease: ShardLease) -> None:
+            source = self._checkpoints
+            progress = source.take_checkpoints(lease.shard, lease.epoch) if source else []
             try:
-                await self._store.renew(lease.shard, lease.epoch, expires)
+                await self._store.renew(lease.shard, lease.epoch, expires, progress)
             except LostOwnership:
                 logger.warning("lost shard %d (epoch %d)", lease.shard, lease.epoch)
                 self.owned.pop(lease.shard, None)
@@ -158,6 +179,9 @@ class ShardOwnership:
             except Exception:
                 # Cassandra slow or away: keep scanning while our lease provably holds
                 # (may_fire); _drop_lapsed stops the shard before a peer can take it over.
+                # The progress goes with the next renewal.
+                if source is not None and progress:
+                    source.restore_checkpoints(lease.shard, lease.epoch, progress)
                 return
             self._valid_until[lease.shard] = self._deadline(started)
             self.owned[lease.shard] = ShardLease(

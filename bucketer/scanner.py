@@ -36,7 +36,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
@@ -203,6 +203,7 @@ class WheelScanner:
         max_pending_per_shard: int = 50_000,
         shards_per_query: int = 32,
         checkpoint_every: timedelta = timedelta(seconds=2),
+        checkpoints_with_lease: bool = False,
         coalesce: timedelta = timedelta(milliseconds=25),
         busy_coalesce: timedelta = timedelta(milliseconds=100),
         busy_round: int = 20,
@@ -238,6 +239,10 @@ class WheelScanner:
         self._max_pending = max_pending_per_shard
         self._chunk = shards_per_query
         self._checkpoint_every = checkpoint_every.total_seconds()
+        # The shards' checkpoints go out with their lease renewals (``take_checkpoints``), not
+        # every ``checkpoint_every`` in LWTs of their own; buckets finished, and shards handed
+        # over, are still written here at once.
+        self._checkpoints_with_lease = checkpoints_with_lease
         self._clock = clock
         self._on_poison = on_poison
         self._may_fire = may_fire or (lambda _shard: True)
@@ -291,10 +296,9 @@ class WheelScanner:
         next owner only from the grace window on, not from a checkpoint seconds older."""
         p = self.shards.get(shard)
         if p is not None:
-            p.last_flush = float("-inf")
             now = self._clock()
             try:
-                write = self._progress(p, now, (now - self._grace, ""))
+                write = self._progress(p, now, (now - self._grace, ""), save=True)
                 if write is not None:
                     await write
             except LostOwnership:
@@ -302,6 +306,30 @@ class WheelScanner:
             except Exception as e:
                 logger.warning("shard %d: progress not saved at handover: %s", shard, e)
         self.remove_shard(shard)
+
+    def take_checkpoints(self, shard: int, epoch: int) -> list[Checkpoint]:
+        """The checkpoints of ``shard`` moved since they were last written, for the lease
+        renewal that records them with the lease (``checkpoints_with_lease``); from now on they
+        count as written, unless given back (``restore_checkpoints``) when the renewal fails.
+        Nothing for a shard no longer served at ``epoch``."""
+        p = self.shards.get(shard)
+        if p is None or p.epoch != epoch or not p.dirty:
+            return []
+        taken = [
+            Checkpoint(bucket=bucket, fire_time=at, timer_id=timer_id)
+            for bucket in sorted(p.dirty)
+            if bucket > p.done_through and bucket in p.checkpoints
+            for at, timer_id in (p.checkpoints[bucket],)
+        ]
+        p.dirty.clear()
+        return taken
+
+    def restore_checkpoints(self, shard: int, epoch: int, taken: Sequence[Checkpoint]) -> None:
+        """Gives back checkpoints taken for a lease renewal that failed: the next one (or the
+        next write of progress) records them."""
+        p = self.shards.get(shard)
+        if p is not None and p.epoch == epoch:
+            p.dirty.update(c.bucket for c in taken)
 
     def remove_shard(self, shard: int) -> None:
         """Stops serving a shard (released or lost); its unfired timers are the next owner's,
@@ -912,10 +940,10 @@ class WheelScanner:
                 raise r
 
     def _progress(
-        self, p: ShardProgress, now: datetime, horizon: Position
+        self, p: ShardProgress, now: datetime, horizon: Position, *, save: bool = False
     ) -> Coroutine[None, None, None] | None:
         """Moves ``p``'s checkpoints in memory; returns the writes that record them, when due
-        (None: nothing to write)."""
+        or ``save`` (None: nothing to write)."""
         if p.read_until is None or p.read_at is None:
             return None
         horizon = min(horizon, (p.read_until, ""), (p.read_at - self._grace, ""))
@@ -954,7 +982,8 @@ class WheelScanner:
         if mono - p.last_prune >= PRUNE_EVERY:
             self._prune_handed(p)
             p.last_prune = mono
-        flush = bool(p.dirty) and (force or mono - p.last_flush >= self._checkpoint_every)
+        due = not self._checkpoints_with_lease and mono - p.last_flush >= self._checkpoint_every
+        flush = bool(p.dirty) and (force or save or due)
         if not flush and not force:
             return None
         return self._record(p, finished if force else None, mono if flush else None)

@@ -46,6 +46,7 @@ class TimerWheel:
             may_fire=lambda shard: self.ownership.may_fire(shard),
             lanes=lanes,
             ahead=ahead,
+            checkpoints_with_lease=True,
         )
         self.ownership = ShardOwnership(
             store,
@@ -56,6 +57,7 @@ class TimerWheel:
             fit=fit,
             lease=lease,
             cycle=cycle,
+            checkpoints=self.scanner,
         )
 
     @property

@@ -105,6 +105,120 @@ async def test_claim_contest_has_exactly_one_winner_and_fences_the_loser(
         await store.advance_checkpoint(shard, winner.epoch, cp)
 
 
+async def test_a_renewal_records_the_checkpoints_it_carries_in_its_one_lwt(
+    store: CassandraTimerStore, session: Session, migrated: Config
+) -> None:
+    """A lease renewal and the shard's progress are one conditional batch: both land, or (the
+    epoch moved on) neither does."""
+    shard = 200  # past the keyspace's shards: no dispatcher of another test scans it
+    now = datetime.now(UTC)
+    bucket = minute_bucket(now)
+    _forget_progress(session, migrated.keyspace, shard, through=bucket - 1)
+    claimed = await _claim(store, shard, "renew-test")
+    progress = [
+        Checkpoint(bucket=bucket, fire_time=now, timer_id="a"),
+        Checkpoint(bucket=bucket + 1, fire_time=now + timedelta(seconds=60), timer_id="b"),
+    ]
+    expires = now + timedelta(seconds=120)  # the claim's lease ends in 60 s
+
+    with pytest.raises(LostOwnership):
+        await store.renew(shard, claimed.epoch - 1, expires, progress)
+    assert await store.read_checkpoints(shard, bucket - 1) == {}
+    unchanged = (await store.read_lease(shard)).lease_expires
+    assert unchanged is not None and unchanged < expires - timedelta(seconds=20)
+
+    await store.renew(shard, claimed.epoch, expires, progress)
+    got = await store.read_checkpoints(shard, bucket - 1)
+    assert [(c.bucket, c.timer_id) for c in got.values()] == [(bucket, "a"), (bucket + 1, "b")]
+    stored = await store.read_lease(shard)
+    assert stored.epoch == claimed.epoch
+    assert stored.lease_expires is not None and abs(stored.lease_expires - expires) < timedelta(
+        milliseconds=1
+    )
+
+
+async def test_checkpoints_go_out_with_the_lease_renewals(
+    session: Session, migrated: Config
+) -> None:
+    """The scanner of a wheel writes no checkpoint of its own: the next renewal of the shard's
+    lease carries it (one LWT a cycle, not two). A renewal that fails gives it back for the
+    next."""
+    from bucketer.ownership import ShardOwnership
+
+    store = CassandraTimerStore(session, keyspace=migrated.keyspace, shard_count=64)
+    await store.init_shards(minute_bucket(datetime.now(UTC)))
+    fired: list[str] = []
+
+    async def on_due(batch: list[Timer]) -> None:
+        fired.extend(t.timer_id for t in batch)
+
+    scanner = WheelScanner(
+        store,
+        on_due,
+        may_fire=lambda shard: member.may_fire(shard),
+        checkpoints_with_lease=True,
+    )
+    member = ShardOwnership(
+        store,
+        instance="checkpointing-member",
+        on_gain=scanner.add_shard,
+        on_loss=lambda shard: _remove(scanner, shard),
+        on_release=scanner.hand_over,
+        group="checkpoint-test",
+        checkpoints=scanner,
+    )
+    try:
+        await member.balance_once()
+        shard = sorted(member.owned)[0]
+        epoch = member.owned[shard].epoch
+        now = datetime.now(UTC)
+        due = Timer(
+            fire_time=now - timedelta(milliseconds=300),
+            timer_id="ckpt",
+            shard=shard,
+            kind="t",
+            key="k",
+        )
+        await store.put([due], now=now - timedelta(seconds=1))
+        await asyncio.sleep(2.2)  # checkpoints trail the clock by the grace (2 s)
+        for _ in range(2):
+            await scanner.read(datetime.now(UTC))
+            await scanner.fire_due()
+            await scanner.record_progress()
+        assert fired == ["ckpt"]
+
+        async def written() -> datetime | None:
+            got = await store.read_checkpoints(shard, minute_bucket(now) - 1)
+            return max((c.fire_time for c in got.values()), default=None)
+
+        before = await written()
+        assert before is None or before < due.fire_time, "the scanner wrote its checkpoint"
+
+        taken = scanner.take_checkpoints(shard, epoch)
+        assert taken and max(c.fire_time for c in taken) > due.fire_time
+        scanner.restore_checkpoints(shard, epoch, taken)
+
+        renew = store.renew
+        failures = 0
+
+        async def failing_once(*args: object) -> None:
+            nonlocal failures
+            failures += 1
+            raise OSError("Cassandra away")
+
+        store.renew = failing_once  # type: ignore[method-assign,assignment]
+        await member.balance_once()
+        store.renew = renew  # type: ignore[method-assign]
+        assert failures and await written() == before, "a failed renewal wrote nothing"
+
+        await member.balance_once()
+        after = await written()
+        assert after is not None and after > due.fire_time, "the renewal carried the checkpoint"
+        assert scanner.take_checkpoints(shard, epoch) == [], "nothing left to write"
+    finally:
+        await member.release_all()
+
+
 async def test_scanner_fires_due_timers_once_and_checkpoints(
     store: CassandraTimerStore, session: Session, migrated: Config
 ) -> None:
