@@ -150,3 +150,36 @@ def test_a_lone_row_goes_as_its_own_statement_and_rows_together_as_one_batch(
     (together,) = grouped_batches(session, [Write("s1", stmt, RUN_ROW), Write("s2", stmt, second)])
     assert isinstance(together, BatchStatement)
     assert len(together._statements_and_parameters) == 2
+
+
+def test_rows_go_in_batches_by_size_when_every_host_replicates_every_partition(
+    session: Session, queries: tuple[Queries, Queries]
+) -> None:
+    """On a cluster where each host holds every partition (this one node), the partitions
+    are not grouped by their replica: the first partition's replicas say so, and the rest go
+    without a routing key and a replica lookup each (~3 µs a partition)."""
+    runs, _timers = queries
+    stmt = runs["insert_run"]
+    rows = [
+        Write(f"s{i}", stmt, (f"s{i}", *RUN_ROW[1:3], f"s{i}@2026-12-04T12:00:00Z", *RUN_ROW[4:]))
+        for i in range(250)
+    ]
+    metadata = session.cluster.metadata
+    looked_up = 0
+    get_replicas = metadata.get_replicas
+
+    def counted(keyspace: str, key: bytes) -> list[object]:
+        nonlocal looked_up
+        looked_up += 1
+        return list(get_replicas(keyspace, key))
+
+    metadata.get_replicas = counted
+    try:
+        batches = grouped_batches(session, rows)
+    finally:
+        del metadata.get_replicas  # the class's method again
+    assert looked_up == 1
+    sizes = [len(b._statements_and_parameters) for b in batches if isinstance(b, BatchStatement)]
+    assert sizes == [100, 100, 50]
+    sent = [v for b in batches for _, _, v in b._statements_and_parameters]
+    assert sent == [bind(stmt, w.params).values for w in rows]
