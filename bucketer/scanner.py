@@ -240,8 +240,8 @@ class WheelScanner:
         self._chunk = shards_per_query
         self._checkpoint_every = checkpoint_every.total_seconds()
         # The shards' checkpoints go out with their lease renewals (``take_checkpoints``), not
-        # every ``checkpoint_every`` in LWTs of their own; buckets finished, and shards handed
-        # over, are still written here at once.
+        # every ``checkpoint_every`` in LWTs of their own; a bucket finished (``done_through``)
+        # and a shard handed over are still written here at once.
         self._checkpoints_with_lease = checkpoints_with_lease
         self._clock = clock
         self._on_poison = on_poison
@@ -982,8 +982,13 @@ class WheelScanner:
         if mono - p.last_prune >= PRUNE_EVERY:
             self._prune_handed(p)
             p.last_prune = mono
-        due = not self._checkpoints_with_lease and mono - p.last_flush >= self._checkpoint_every
-        flush = bool(p.dirty) and (force or save or due)
+        if self._checkpoints_with_lease:
+            # Finishing a bucket writes that alone (its own LWT): the later buckets' checkpoints
+            # wait for the lease renewal that carries them.
+            flush = bool(p.dirty) and save
+        else:
+            due = mono - p.last_flush >= self._checkpoint_every
+            flush = bool(p.dirty) and (force or save or due)
         if not flush and not force:
             return None
         return self._record(p, finished if force else None, mono if flush else None)
