@@ -317,9 +317,7 @@ class CassandraTimerStore:
         batch.add(bind(self._q["renew_lease"], (lease_expires, shard, epoch)))
         for c in checkpoints:
             batch.add(bind(self._q["save_checkpoint"], (c.fire_time, c.timer_id, shard, c.bucket)))
-        applied, current = await execute_conditional(self._session, batch)
-        if not applied:
-            raise LostOwnership(shard, epoch, current.get("epoch"))
+        await self._fenced_statement(batch, shard, epoch)
 
     async def release(self, shard: int, epoch: int) -> None:
         """Gives the shard up so a peer can claim it at once; raises LostOwnership if not ours."""
@@ -355,7 +353,13 @@ class CassandraTimerStore:
         await self._fenced("finish_through", shard, epoch, (bucket, shard, epoch))
 
     async def _fenced(self, query: str, shard: int, epoch: int, params: Sequence[object]) -> None:
-        applied, current = await execute_conditional(self._session, self._q[query], params)
+        await self._fenced_statement(self._q[query], shard, epoch, params)
+
+    async def _fenced_statement(
+        self, statement: Any, shard: int, epoch: int, params: Sequence[object] | None = None
+    ) -> None:
+        """Runs a write conditional on ``epoch``; raises LostOwnership if it was refused."""
+        applied, current = await execute_conditional(self._session, statement, params)
         if not applied:
             raise LostOwnership(shard, epoch, current.get("epoch"))
 
